@@ -1,0 +1,97 @@
+"""The bodies of the CLI commands (argument parsing lives in :mod:`mlxcore.cli.main`)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+
+import pluggy
+
+from mlxcore.cli.runtime import build_runtime
+from mlxcore.config import ServerConfig
+from mlxcore.engine.events import FinishEvent, TokenEvent
+from mlxcore.engine.request import GenerationRequest, SamplingParams
+from mlxcore.errors import MlxcoreError
+from mlxcore.hooks import PluginHooks
+from mlxcore.plugins import plugin_statuses
+from mlxcore.prompts import render_chat_prompt
+
+log = logging.getLogger(__name__)
+
+
+def list_plugins(pm: pluggy.PluginManager) -> int:
+    """Print the installed and built-in plugins as a table."""
+    rows = plugin_statuses(pm)
+    header = ("NAME", "DISTRIBUTION", "VERSION", "STATUS", "HOOKS")
+    table = [header] + [
+        (r.name, r.distribution, r.version, r.status, ", ".join(h.removeprefix("mlxcore_") for h in r.hooks) or "-")
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header) - 1)]
+    for row in table:
+        cells = [cell.ljust(w) for cell, w in zip(row, widths, strict=False)]
+        print("  ".join([*cells, row[-1]]))
+    return 0
+
+
+def generate(args: argparse.Namespace, config: ServerConfig, hooks: PluginHooks) -> int:
+    """One generation through the engine, streamed to stdout."""
+    rt = build_runtime(config, hooks)
+    if args.raw:
+        prompt_tokens = rt.tokenizer.encode(args.prompt)
+    else:
+        messages = []
+        if args.system:
+            messages.append({"role": "system", "content": args.system})
+        messages.append({"role": "user", "content": args.prompt})
+        prompt_tokens = render_chat_prompt(rt.tokenizer, messages)
+    request = GenerationRequest(
+        prompt_tokens=tuple(prompt_tokens),
+        max_tokens=args.max_tokens,
+        sampling=SamplingParams(temperature=args.temperature, seed=args.seed),
+        request_id="cli",
+    )
+    detok = rt.tokenizer.detokenizer
+    detok.reset()
+    eos = rt.info.eos_token_ids
+    start = time.perf_counter()
+    first_at: float | None = None
+    finish: FinishEvent | None = None
+    try:
+        for event in rt.engine.stream(request):
+            if isinstance(event, TokenEvent):
+                first_at = first_at or time.perf_counter()
+                for tok in event.tokens:
+                    if tok.token not in eos:
+                        detok.add_token(tok.token)
+                sys.stdout.write(detok.last_segment)
+                sys.stdout.flush()
+            else:
+                finish = event
+    finally:
+        rt.engine.shutdown()
+    detok.finalize()
+    sys.stdout.write(detok.last_segment + "\n")
+    if finish is None or finish.reason == "error":
+        raise MlxcoreError(f"generation failed: {finish.error if finish else 'no result'}")
+    elapsed = time.perf_counter() - (first_at or start)
+    n = finish.usage.completion_tokens
+    log.info(
+        "finish=%s prompt=%d tokens, generated=%d tokens, TTFT %.3fs, %.1f tok/s",
+        finish.reason,
+        finish.usage.prompt_tokens,
+        n,
+        (first_at or start) - start,
+        (n - 1) / elapsed if n > 1 and elapsed > 0 else 0.0,
+    )
+    return 0
+
+
+def serve(config: ServerConfig, hooks: PluginHooks) -> int:
+    """Serve the model over HTTP."""
+    raise MlxcoreError(
+        "the HTTP server is not built yet (see the engine-and-server issue); "
+        "use `mlxcore generate` meanwhile"
+    )

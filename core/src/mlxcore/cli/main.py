@@ -1,0 +1,116 @@
+"""The ``mlxcore`` command: serve, generate, plugins.
+
+Start-up order: read the plugin-selection flags, load plugins (built-ins first),
+let them add options, parse the whole command line, configure plugins, then run
+the command. Any failure before serving exits non-zero with one clear line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from mlxcore.cli import options
+from mlxcore.config import ServerConfig
+from mlxcore.errors import MlxcoreError
+from mlxcore.hooks import PluginHooks
+from mlxcore.plugins import PluginSelection, create_plugin_manager, load_plugins
+
+log = logging.getLogger("mlxcore.cli")
+
+MODEL_COMMANDS = ("serve", "generate")
+
+
+def build_parser(hooks: PluginHooks | None) -> tuple[argparse.ArgumentParser, set[str]]:
+    """The full parser (plugin groups included when ``hooks`` is given) and the
+    ``dest`` names that belong to the core."""
+    parser = argparse.ArgumentParser(
+        prog="mlxcore", description="Serve MLX language models over an OpenAI-compatible API."
+    )
+    parser.add_argument("--version", action="version", version=options.version_text())
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    core_dests: set[str] = {"command"}
+
+    def add(name: str, help_text: str, *adders: Callable[[argparse.ArgumentParser], None]) -> argparse.ArgumentParser:
+        cmd = sub.add_parser(name, help=help_text, description=help_text)
+        options.add_common(cmd)
+        for adder in adders:
+            adder(cmd)
+        core_dests.update(a.dest for a in cmd._actions)
+        return cmd
+
+    serve = add("serve", "serve a model over HTTP", options.add_model_options, options.add_server_options)
+    gen = add("generate", "generate a completion once, streamed to the terminal", options.add_model_options)
+    gen.add_argument("--prompt", "-p", required=True, help="the user message (or raw text with --raw)")
+    gen.add_argument("--system", default=None, help="a system message")
+    gen.add_argument("--max-tokens", type=int, default=256, help="most tokens to generate")
+    gen.add_argument("--temperature", "--temp", type=float, default=0.0, help="0 = greedy")
+    gen.add_argument("--seed", type=int, default=None, help="random seed for sampling")
+    gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    core_dests.update(a.dest for a in gen._actions)
+    add("plugins", "list installed plugins: name, distribution, version, hooks, status")
+    if hooks is not None:
+        for cmd in (serve, gen):
+            hooks.addoption(cmd)
+    return parser, core_dests
+
+
+def setup_logging(level: str) -> None:
+    """Log mlxcore's own loggers (and uvicorn's) at ``level``; the root logger is untouched."""
+    numeric = logging.DEBUG if level == "trace" else getattr(logging, level.upper())
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+    for name in ("mlxcore", "uvicorn", "uvicorn.error", "uvicorn.access"):
+        logger = logging.getLogger(name)
+        logger.setLevel(numeric)
+    root_mlx = logging.getLogger("mlxcore")
+    if not any(getattr(h, "_mlxcore", False) for h in root_mlx.handlers):
+        handler._mlxcore = True  # type: ignore[attr-defined]
+        root_mlx.addHandler(handler)
+        root_mlx.propagate = False
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``mlxcore`` command; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    pre = options.first_phase(argv)
+    setup_logging(pre.log_level)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command in MODEL_COMMANDS:
+        from mlxcore.blas import reexec_with_openblas
+
+        reexec_with_openblas(argv)
+    try:
+        pm = create_plugin_manager()
+        selection = PluginSelection.from_env(
+            pre.plugins, pre.blocked_plugins, disable_autoload=pre.disable_plugin_autoload
+        )
+        load_plugins(pm, selection)
+        hooks = PluginHooks(pm)
+        parser, core_dests = build_parser(hooks)
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return 2
+        if args.command == "plugins":
+            from mlxcore.cli.commands import list_plugins
+
+            return list_plugins(pm)
+        config = options.config_from_args(args, core_dests)
+        hooks.configure(config)
+        return _run_model_command(args, config, hooks)
+    except MlxcoreError as exc:
+        print(f"mlxcore: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _run_model_command(args: argparse.Namespace, config: ServerConfig, hooks: PluginHooks) -> int:
+    from mlxcore.cli import commands
+
+    if args.command == "generate":
+        return commands.generate(args, config, hooks)
+    return commands.serve(config, hooks)

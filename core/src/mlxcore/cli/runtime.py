@@ -1,0 +1,54 @@
+"""What every model-serving command sets up: plugins, model, engine.
+
+``mlxcore serve``, ``mlxcore generate`` and ``mlxcore bench`` all go through
+:func:`build_runtime`, so there is exactly one engine and one way to load.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import attrs
+
+from mlxcore.config import ServerConfig
+from mlxcore.engine.engine import Engine
+from mlxcore.hooks import PluginHooks
+from mlxcore.model_info import ModelInfo
+
+log = logging.getLogger(__name__)
+
+
+@attrs.define
+class Runtime:
+    """A loaded model with its tokenizer, its engine and the plugin facade."""
+
+    model: Any
+    tokenizer: Any
+    info: ModelInfo
+    engine: Engine
+    hooks: PluginHooks
+    config: ServerConfig
+
+
+def resolve_model_path(model_arg: str | None) -> tuple[str, Any]:
+    """The model argument (or the embedded default) resolved to a local folder."""
+    from mlxcore.models.default import ensure_default_model
+    from mlxcore.models.resolve import resolve_model
+
+    if model_arg is None:
+        path = ensure_default_model()
+        log.info("no model given: using the embedded default %s", path)
+        return str(path), resolve_model(str(path))
+    return model_arg, resolve_model(model_arg)
+
+
+def build_runtime(config: ServerConfig, hooks: PluginHooks) -> Runtime:
+    """Load the model, let plugins patch it, and build the engine (not yet started)."""
+    from mlxcore.models.loader import load_model
+
+    _, resolved = resolve_model_path(config.model)
+    loaded = load_model(resolved)
+    hooks.patch_model(loaded.model, loaded.info, config)
+    engine = Engine(loaded.model, loaded.info, hooks, config)
+    return Runtime(loaded.model, loaded.tokenizer, loaded.info, engine, hooks, config)

@@ -1,0 +1,2 @@
+"""The generation engine: one thread that owns MLX, and the strategy interfaces
+(cache, prefill, decoder) that plugins implement."""

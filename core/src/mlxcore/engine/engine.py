@@ -1,0 +1,350 @@
+"""The engine: one generation thread that owns MLX, fed through a bounded queue.
+
+Every front end (the CLI's ``generate``, the HTTP server) submits
+:class:`~mlxcore.engine.request.GenerationRequest` objects here and receives
+events through a sink. The thread runs continuous batching: between decode
+steps it admits waiting requests (up to ``max_num_seqs``), advances at most one
+prefill chunk, and retires finished sequences. The strategies (cache, prefill,
+decoder) come from the plugin hooks once, at construction.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+import mlx.core as mx
+
+from mlxcore.config import ServerConfig
+from mlxcore.engine.events import Event, EventSink, FinishEvent, RequestHandle, TokenEvent, Usage
+from mlxcore.engine.request import GenerationRequest
+from mlxcore.engine.sampling import make_processors, make_sampler, token_with_logprobs
+from mlxcore.engine.strategies import (
+    DecodeSequence,
+    LogitsProcessor,
+    PrefillGenerator,
+    PrefillTask,
+    Sampler,
+    StepToken,
+)
+from mlxcore.errors import MlxcoreError
+from mlxcore.hooks import PluginHooks
+from mlxcore.model_info import ModelInfo
+
+log = logging.getLogger(__name__)
+
+
+class EngineOverloaded(MlxcoreError):
+    """The waiting queue is full; the caller should retry later (HTTP 503)."""
+
+
+class RequestRejected(MlxcoreError):
+    """The request can never be served as given (e.g. prompt too long); HTTP 400."""
+
+
+@attrs.define(eq=False)
+class _Live:
+    """Engine-side state of one admitted request."""
+
+    handle: RequestHandle
+    sampler: Sampler
+    processors: list[LogitsProcessor]
+    stop_ids: frozenset[int]
+    usage: Usage
+    prefill: PrefillGenerator | None = None
+    task: PrefillTask | None = None
+    seq: DecodeSequence | None = None
+    reusable: bool = True
+    generated: int = 0
+    failed: str | None = None
+
+    @property
+    def request(self) -> GenerationRequest:
+        return self.handle.request
+
+
+class Engine:
+    """Continuous-batching generation over one model.
+
+    Args:
+        model: the loaded mlx-lm model.
+        info: facts about the model.
+        hooks: the plugin facade, asked once for the strategies.
+        config: server configuration (batch and queue bounds).
+    """
+
+    def __init__(
+        self, model: Any, info: ModelInfo, hooks: PluginHooks, config: ServerConfig
+    ) -> None:
+        self.model = model
+        self.info = info
+        self.hooks = hooks
+        self.config = config
+        self.cache = hooks.cache_strategy(model, info, config)
+        self.prefill = hooks.prefill_strategy(model, info, config)
+        self.decoder = hooks.decoder(model, info, config)
+        self._waiting: collections.deque[RequestHandle] = collections.deque()
+        self._live: dict[int, _Live] = {}
+        self._prefilling: collections.deque[_Live] = collections.deque()
+        self._wake = threading.Condition()
+        self._uids = itertools.count(1)
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        log.info(
+            "engine strategies: cache=%s prefill=%s decoder=%s",
+            self.cache.name,
+            self.prefill.name,
+            self.decoder.name,
+        )
+
+    # -- caller side (any thread) -------------------------------------------
+
+    def start(self) -> None:
+        """Start the generation thread (idempotent)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="mlxcore-engine", daemon=True)
+            self._thread.start()
+
+    def shutdown(self) -> None:
+        """Stop the thread; requests still running finish with ``cancelled``."""
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    def submit(self, request: GenerationRequest, sink: EventSink) -> RequestHandle:
+        """Queue ``request``; events go to ``sink`` on the engine thread.
+
+        Raises :class:`RequestRejected` for a request that can never run and
+        :class:`EngineOverloaded` when the waiting queue is full.
+        """
+        self._validate(request)
+        handle = RequestHandle(next(self._uids), request, sink)
+        with self._wake:
+            if len(self._waiting) >= self.config.max_queue_size:
+                raise EngineOverloaded(
+                    f"server busy: {len(self._waiting)} requests already waiting"
+                )
+            self._waiting.append(handle)
+            self._wake.notify()
+        self.start()
+        return handle
+
+    def stream(self, request: GenerationRequest) -> Iterator[Event]:
+        """Submit ``request`` and yield its events in order (blocking; for the CLI)."""
+        events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        handle = self.submit(request, events.put)
+        try:
+            while True:
+                event = events.get()
+                yield event
+                if isinstance(event, FinishEvent):
+                    return
+        finally:
+            handle.cancel()
+
+    def _validate(self, request: GenerationRequest) -> None:
+        n = len(request.prompt_tokens)
+        if n == 0:
+            raise RequestRejected("the prompt is empty")
+        limit = self.config.max_model_len
+        if limit is not None and n + request.max_tokens > limit:
+            raise RequestRejected(
+                f"prompt ({n} tokens) plus max_tokens ({request.max_tokens}) exceeds the "
+                f"model's context length of {limit} tokens"
+            )
+
+    # -- engine thread ----------------------------------------------------
+
+    def _run(self) -> None:
+        stream = mx.new_stream(mx.default_device())
+        with mx.stream(stream):
+            while True:
+                with self._wake:
+                    while not self._stopping and not self._waiting and not self._live:
+                        self._wake.wait()
+                    if self._stopping:
+                        break
+                    admitted = self._take_waiting()
+                for handle in admitted:
+                    self._admit(handle)
+                self._retire_cancelled()
+                if self._prefilling:
+                    self._advance_prefill()
+                if len(self.decoder):
+                    self._decode_step()
+        for live in list(self._live.values()):
+            self._finish(live, "cancelled")
+
+    def _take_waiting(self) -> list[RequestHandle]:
+        room = self.config.max_num_seqs - len(self._live)
+        taken = []
+        while room > 0 and self._waiting:
+            taken.append(self._waiting.popleft())
+            room -= 1
+        return taken
+
+    def _admit(self, handle: RequestHandle) -> None:
+        req = handle.request
+        usage = Usage(prompt_tokens=len(req.prompt_tokens))
+        live = _Live(handle, make_sampler(req.sampling), [], frozenset(), usage)
+        self._live[handle.uid] = live
+        try:
+            live.processors = make_processors(req.sampling) + self.hooks.logits_processors(
+                req, self.info
+            )
+            live.stop_ids = self.info.eos_token_ids | req.stop_token_ids
+            lookup = self.cache.lookup(req.prompt_tokens)
+            usage.cached_tokens = lookup.cached_tokens
+            live.task = PrefillTask(req, lookup.cache, lookup.cached_tokens)
+            live.prefill = self.prefill.prefill(live.task)
+        except Exception as exc:
+            self._fail(live, exc)
+            return
+        self._prefilling.append(live)
+
+    def _advance_prefill(self) -> None:
+        live = self._prefilling[0]
+        assert live.prefill is not None and live.task is not None
+        if live.handle.cancel_reason is not None:
+            self._prefilling.popleft()
+            self._finish(live, live.handle.cancel_reason)
+            return
+        try:
+            next(live.prefill)
+            return
+        except StopIteration as done:
+            result = done.value
+        except Exception as exc:
+            self._prefilling.popleft()
+            self._fail(live, exc)
+            return
+        self._prefilling.popleft()
+        live.reusable = result.reusable
+        live.usage.extra.update(result.usage)
+        prompt = list(live.request.prompt_tokens)
+        try:
+            first = self._sample_first(live, result.logits, prompt)
+        except Exception as exc:
+            self._fail(live, exc)
+            return
+        seq = DecodeSequence(
+            uid=live.handle.uid,
+            request=live.request,
+            cache=live.task.cache,
+            tokens=[*prompt, first.token],
+            next_token=first.token,
+            sampler=live.sampler,
+            logits_processors=[_guard(live, p) for p in live.processors],
+        )
+        live.task = None
+        live.prefill = None
+        live.seq = seq
+        if self._emit(live, [first]):
+            self._retire(live, seq.cache)
+        else:
+            self.decoder.add(seq)
+
+    def _sample_first(self, live: _Live, logits: Any, prompt: list[int]) -> StepToken:
+        if live.processors:
+            context = mx.array(prompt)
+            for proc in live.processors:
+                logits = proc(context, logits)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        token = int(live.sampler(logprobs).item())
+        sampling = live.request.sampling
+        if sampling.logprobs:
+            return token_with_logprobs(token, logprobs[0], sampling.top_logprobs)
+        return StepToken(token)
+
+    def _decode_step(self) -> None:
+        try:
+            produced = self.decoder.step()
+        except Exception as exc:
+            log.exception("decode step failed; failing the sequences in the batch")
+            for uid in list(self._live):
+                live = self._live[uid]
+                if live.prefill is None:
+                    self.decoder.remove(uid)
+                    self._fail(live, exc)
+            return
+        for uid, tokens in produced.items():
+            found = self._live.get(uid)
+            if found is None:
+                continue
+            live = found
+            if live.failed is not None:
+                self.decoder.remove(uid)
+                self._fail(live, RuntimeError(live.failed))
+            elif self._emit(live, tokens):
+                self._retire(live, self.decoder.remove(uid))
+
+    def _emit(self, live: _Live, tokens: list[StepToken]) -> bool:
+        """Send tokens to the client; True when the request is now finished."""
+        kept: list[StepToken] = []
+        reason = None
+        for tok in tokens:
+            kept.append(tok)
+            live.generated += 1
+            if tok.token in live.stop_ids:
+                reason = "stop"
+                break
+            if live.generated >= live.request.max_tokens:
+                reason = "length"
+                break
+        live.usage.completion_tokens = live.generated
+        live.handle.sink(TokenEvent(kept))
+        if reason is not None:
+            live.handle.cancel(reason)
+            return True
+        return False
+
+    def _retire_cancelled(self) -> None:
+        for uid, live in list(self._live.items()):
+            if live.prefill is None and live.handle.cancel_reason is not None:
+                self._retire(live, self.decoder.remove(uid))
+
+    def _retire(self, live: _Live, cache: Any) -> None:
+        """Finish ``live``; offer its cache for prefix reuse.
+
+        The cache holds every token of the sequence but the newest one, which was
+        sampled and never fed back to the model.
+        """
+        if cache is not None and live.seq is not None and live.reusable:
+            try:
+                self.cache.store(live.seq.tokens[:-1], cache)
+            except Exception:
+                log.exception("cache strategy %s failed to store a prefix", self.cache.name)
+        self._finish(live, live.handle.cancel_reason or "stop")
+
+    def _finish(self, live: _Live, reason: str, error: str | None = None) -> None:
+        self._live.pop(live.handle.uid, None)
+        live.handle.finished.set()
+        live.handle.sink(FinishEvent(reason, live.usage, error))
+
+    def _fail(self, live: _Live, exc: BaseException) -> None:
+        log.error("request %s failed: %s", live.request.request_id or live.handle.uid, exc)
+        self._finish(live, "error", f"{type(exc).__name__}: {exc}")
+
+
+def _guard(live: _Live, proc: LogitsProcessor) -> LogitsProcessor:
+    """Wrap a processor so its exception fails only its own request, not the batch."""
+
+    def guarded(tokens: Any, logits: Any) -> Any:
+        if live.failed is not None:
+            return logits
+        try:
+            return proc(tokens, logits)
+        except Exception as exc:
+            live.failed = f"logits processor {getattr(proc, '__name__', proc)!r} failed: {exc}"
+            return logits
+
+    return guarded

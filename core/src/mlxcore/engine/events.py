@@ -1,0 +1,74 @@
+"""What the engine reports back for one request, and the handle to steer it."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from mlxcore.engine.request import GenerationRequest
+from mlxcore.engine.strategies import StepToken
+
+
+@attrs.define
+class Usage:
+    """Token accounting for one request."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    extra: dict[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.define
+class TokenEvent:
+    """New tokens for the request (one or more, from one engine step)."""
+
+    tokens: list[StepToken]
+
+
+@attrs.define
+class FinishEvent:
+    """The request is over. ``reason`` is ``stop``, ``length``, ``cancelled`` or ``error``."""
+
+    reason: str
+    usage: Usage
+    error: str | None = None
+
+
+Event = TokenEvent | FinishEvent
+EventSink = Callable[[Event], None]
+
+
+class RequestHandle:
+    """The caller's side of a submitted request: its id, and cancellation.
+
+    Events go to the ``sink`` given at submission, called on the engine thread;
+    the sink must not block (hand events over to a queue).
+    """
+
+    def __init__(self, uid: int, request: GenerationRequest, sink: EventSink) -> None:
+        self.uid = uid
+        self.request = request
+        self.sink = sink
+        self._cancel_reason: str | None = None
+        self._lock = threading.Lock()
+        self.finished = threading.Event()
+
+    def cancel(self, reason: str = "cancelled") -> None:
+        """Ask the engine to stop this request at its next step (thread-safe).
+
+        ``reason`` becomes the finish reason (``stop`` when a stop string matched,
+        ``cancelled`` when the client went away).
+        """
+        with self._lock:
+            if self._cancel_reason is None:
+                self._cancel_reason = reason
+
+    @property
+    def cancel_reason(self) -> str | None:
+        """The reason given to :meth:`cancel`, or ``None``."""
+        with self._lock:
+            return self._cancel_reason

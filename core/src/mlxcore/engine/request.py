@@ -1,0 +1,58 @@
+"""What the engine is asked to do: token ids plus per-request generation settings.
+
+Front ends (OpenAI, Anthropic, the CLI) turn their own request shapes into a
+:class:`GenerationRequest`; the engine never sees HTTP or JSON.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+
+@attrs.frozen
+class SamplingParams:
+    """Per-request sampling settings, honoured per sequence inside a batch.
+
+    ``temperature == 0`` is greedy decoding. ``None`` means "not set".
+    """
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[int, float] | None = None
+    seed: int | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        """True for temperature 0 (argmax decoding)."""
+        return self.temperature == 0.0
+
+
+@attrs.frozen
+class GenerationRequest:
+    """One generation: the prompt as token ids and how to continue it.
+
+    Attributes:
+        prompt_tokens: the full prompt, chat template already applied.
+        max_tokens: the most tokens to generate.
+        sampling: sampling settings.
+        stop_token_ids: token ids that end generation (besides the model's EOS).
+        options: per-request plugin options from the request body (e.g.
+            ``{"speculative": False}``); plugins read their own keys.
+        request_id: an id for logs and metrics.
+    """
+
+    prompt_tokens: tuple[int, ...]
+    max_tokens: int = 256
+    sampling: SamplingParams = attrs.field(factory=SamplingParams)
+    stop_token_ids: frozenset[int] = frozenset()
+    options: dict[str, Any] = attrs.field(factory=dict)
+    request_id: str = ""

@@ -1,0 +1,222 @@
+"""The strategy interfaces the engine composes: cache, prefill and decoder.
+
+Plugins return instances of these from the ``mlxcore_cache_strategy``,
+``mlxcore_prefill_strategy`` and ``mlxcore_decoder`` hooks, once, at model load.
+The engine then calls the objects directly in its loop (no hook call per token).
+The built-in defaults (LRU prefix cache, chunked prefill, plain batched decode)
+implement the same interfaces, in :mod:`mlxcore.builtin.strategies`.
+
+All three run on the engine's generation thread, the only thread that touches
+MLX. A per-layer cache is a list of mlx-lm cache objects (``KVCache``,
+``ArraysCache``, ``RotatingKVCache`` ...), as ``mlx_lm.models.cache.make_prompt_cache``
+builds it.
+
+Request flow through the strategies::
+
+    lookup = cache.lookup(prompt)                 # reuse a stored prefix, or a fresh cache
+    result = yield from prefill.prefill(task)     # fill the cache, one chunk per engine step
+    decoder.add(sequence)                         # join the running batch
+    decoder.step() ... decoder.step()             # one or more tokens per sequence per step
+    cache.store(tokens, decoder.remove(uid))      # offer the finished cache for reuse
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Generator, Sequence
+from typing import Any, ClassVar
+
+import attrs
+
+from mlxcore.engine.request import GenerationRequest
+
+LayerCache = list[Any]
+"""One mlx-lm cache object per model layer."""
+
+Sampler = Callable[[Any], Any]
+"""Maps log-probabilities of shape (1, vocab) to a sampled token array of shape (1,)."""
+
+LogitsProcessor = Callable[[Any, Any], Any]
+"""mlx-lm's processor signature: ``(tokens_so_far, logits) -> logits``."""
+
+
+@attrs.define
+class CacheLookup:
+    """A cache for a new sequence, and how much of its prompt it already holds.
+
+    Attributes:
+        cache: a per-layer cache the sequence owns and may mutate (never shared
+            with the store).
+        cached_tokens: the leading prompt tokens whose state ``cache`` holds. Always
+            smaller than the prompt length, so prefill produces the next-token logits.
+    """
+
+    cache: LayerCache
+    cached_tokens: int = 0
+
+
+@attrs.frozen
+class CacheStats:
+    """Counters a cache strategy reports for /metrics and logs."""
+
+    hits: int = 0
+    misses: int = 0
+    reused_tokens: int = 0
+    entries: int = 0
+    stored_tokens: int = 0
+    nbytes: int = 0
+
+
+class CacheStrategy(abc.ABC):
+    """Prefix reuse across requests.
+
+    The strategy decides what to keep and where reuse is safe. Caches whose state
+    cannot be rewound (the recurrent state of hybrid models such as Qwen3.5's
+    GatedDeltaNet layers) may only be reused at exact stored boundaries; trimmable
+    KV caches may be cut back to any shared prefix.
+    """
+
+    name: ClassVar[str]
+
+    @abc.abstractmethod
+    def lookup(self, tokens: Sequence[int]) -> CacheLookup:
+        """Return the best reusable cache for ``tokens`` (or a fresh one)."""
+
+    @abc.abstractmethod
+    def store(self, tokens: Sequence[int], cache: LayerCache) -> None:
+        """Offer ``cache`` (holding the state of exactly ``tokens``) for later reuse.
+
+        Ownership of ``cache`` passes to the strategy; the caller will not use it again.
+        """
+
+    def clear(self) -> None:
+        """Drop everything stored."""
+
+    def stats(self) -> CacheStats:
+        """Current counters."""
+        return CacheStats()
+
+
+@attrs.define
+class PrefillTask:
+    """One prompt to prefill.
+
+    Attributes:
+        request: the generation request (prompt tokens, options).
+        cache: the per-layer cache to fill; it already holds ``start`` tokens.
+        start: how many leading prompt tokens are already in ``cache``.
+    """
+
+    request: GenerationRequest
+    cache: LayerCache
+    start: int = 0
+
+    @property
+    def remaining(self) -> Sequence[int]:
+        """The prompt tokens still to process."""
+        return self.request.prompt_tokens[self.start :]
+
+
+@attrs.define
+class PrefillResult:
+    """The outcome of a prefill.
+
+    Attributes:
+        logits: the model's logits for the token after the prompt, shape (1, vocab).
+        reusable: ``False`` when the cache must never be stored as a reusable prefix
+            (for example when only a subset of the prompt's positions was filled).
+        usage: extension fields for the response's ``usage`` (e.g. kept tokens).
+    """
+
+    logits: Any
+    reusable: bool = True
+    usage: dict[str, Any] = attrs.field(factory=dict)
+
+
+PrefillGenerator = Generator[int, None, PrefillResult]
+"""A prefill in progress: yields the count of prompt tokens processed after each
+chunk (the engine runs decode steps for other sequences in between) and returns
+the :class:`PrefillResult`."""
+
+
+class PrefillStrategy(abc.ABC):
+    """How a prompt's state gets into the cache.
+
+    The default processes the prompt in chunks of ``--prefill-step-size`` tokens.
+    A strategy may also fill the cache with a subset of positions (sparse prefill),
+    as long as the cache then continues at position ``len(prompt)`` and the result
+    says ``reusable=False``.
+    """
+
+    name: ClassVar[str]
+
+    @abc.abstractmethod
+    def prefill(self, task: PrefillTask) -> PrefillGenerator:
+        """Run the prefill as a generator (see :data:`PrefillGenerator`)."""
+
+
+@attrs.frozen
+class StepToken:
+    """One token a decoder emitted for one sequence, with optional logprobs."""
+
+    token: int
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] = ()
+
+
+@attrs.define(eq=False)
+class DecodeSequence:
+    """A prefilled sequence handed to the decoder.
+
+    Attributes:
+        uid: the engine's id for the sequence.
+        request: the generation request.
+        cache: per-layer cache holding the prompt (and any tokens decoded so far,
+            except ``next_token``).
+        tokens: every token so far (prompt then generated), the context that
+            penalties look at; ``next_token`` is its last element.
+        next_token: the latest sampled token, not yet fed to the model.
+        sampler: draws the next token from log-probabilities.
+        logits_processors: applied to the logits before sampling, in order.
+    """
+
+    uid: int
+    request: GenerationRequest
+    cache: LayerCache
+    tokens: list[int]
+    next_token: int
+    sampler: Sampler
+    logits_processors: list[LogitsProcessor] = attrs.field(factory=list)
+
+
+class Decoder(abc.ABC):
+    """Owns the running batch and produces tokens for it, step by step.
+
+    A plain decoder emits one token per sequence per step. A speculative decoder
+    proposes several, verifies them in one forward pass and rolls back what it
+    rejects, per sequence; it must also serve sequences whose request turned
+    speculation off (``request.options["speculative"] is False``).
+    """
+
+    name: ClassVar[str]
+
+    @abc.abstractmethod
+    def add(self, seq: DecodeSequence) -> None:
+        """Add a prefilled sequence to the running batch (between steps)."""
+
+    @abc.abstractmethod
+    def remove(self, uid: int) -> LayerCache | None:
+        """Take a sequence out of the batch; return its own cache, holding the
+        state of ``seq.tokens`` minus the last token, or ``None`` if unavailable."""
+
+    @abc.abstractmethod
+    def step(self) -> dict[int, list[StepToken]]:
+        """Advance every sequence; return the new tokens per uid (at least one each)."""
+
+    @abc.abstractmethod
+    def __len__(self) -> int:
+        """How many sequences are in the batch."""
+
+    def stats(self) -> dict[str, float]:
+        """Decoder-specific counters for /metrics (e.g. acceptance rate)."""
+        return {}

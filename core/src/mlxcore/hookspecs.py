@@ -1,0 +1,215 @@
+"""The plugin contract: every hook mlxcore calls, typed and documented.
+
+Hooks run at start-up, at model load and at request set-up, never per token: a
+hook returns an object (a parser class, a strategy) that the core then calls
+directly. Implement a hook by defining a function with the same name and the
+same (or a subset of the) arguments in your plugin module, marked with
+:data:`mlxcore.hookimpl` (an unmarked ``mlxcore_*`` function is accepted too)::
+
+    from mlxcore import hookimpl
+
+    @hookimpl
+    def mlxcore_tool_parsers():
+        return [MyToolParser]
+
+Calling modes: every hook here is called on each plugin in priority order
+(plugins named with ``--plugin`` and installed plugins first, built-ins last);
+list-returning hooks are concatenated; strategy hooks collect one candidate per
+plugin into a name registry that refuses duplicates, and the engine takes the
+first candidate unless a name is chosen on the command line. An exception raised
+by a hook is reported with the plugin's name and stops start-up (or fails only
+the one request, for request-time hooks).
+
+The test ``tests/core/test_hookspecs.py`` fails when a hook here lacks a
+docstring, or is missing from docs/hooks.md, or has no test exercising it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING, Any
+
+from mlxcore import hookspec
+
+if TYPE_CHECKING:
+    from mlxcore.config import ServerConfig
+    from mlxcore.engine.request import GenerationRequest
+    from mlxcore.engine.strategies import (
+        CacheStrategy,
+        Decoder,
+        LogitsProcessor,
+        PrefillStrategy,
+    )
+    from mlxcore.model_info import ModelInfo
+    from mlxcore.parsers.base import ReasoningParser, ToolParser
+
+
+@hookspec
+def mlxcore_addoption(parser: argparse._ArgumentGroup) -> None:
+    """Add command-line options for this plugin.
+
+    When: at start-up, before the command line is parsed, once per plugin. The
+    ``parser`` is an argparse argument group titled with the plugin's name; its
+    values reach the plugin as ``config.option(dest)`` in later hooks.
+
+    Example::
+
+        @hookimpl
+        def mlxcore_addoption(parser):
+            parser.add_argument("--specprefill-threshold", type=int, default=8192)
+    """
+
+
+@hookspec
+def mlxcore_configure(config: ServerConfig) -> None:
+    """Validate and take note of the parsed configuration.
+
+    When: once, after the command line is parsed and before the model loads.
+    Raise :class:`mlxcore.errors.UsageError` for a bad option value: start-up
+    stops with your message.
+
+    Example::
+
+        @hookimpl
+        def mlxcore_configure(config):
+            if config.option("specprefill_keep", 0.2) <= 0:
+                raise UsageError("--specprefill-keep must be > 0")
+    """
+
+
+@hookspec
+def mlxcore_patch_model(model: Any, info: ModelInfo, config: ServerConfig) -> None:
+    """Adjust a freshly loaded model in place (attach an MTP head, fix a cache bug).
+
+    When: once per model, right after mlx-lm loaded it and before any strategy is
+    built. Patch this model object only (set attributes, wrap its own methods);
+    never patch mlx-lm or mlx-vlm classes for the whole process.
+
+    Example::
+
+        @hookimpl
+        def mlxcore_patch_model(model, info, config):
+            if "mtp.fc.weight" in info.weight_keys:
+                model.mtp_head = build_mtp_head(info.path, model)
+    """
+
+
+@hookspec
+def mlxcore_tool_parsers() -> list[type[ToolParser]]:
+    """Offer tool-call parser classes (subclasses of :class:`~mlxcore.parsers.ToolParser`).
+
+    When: once at start-up. Each class has a unique ``name`` (selectable with
+    ``--tool-call-parser NAME``) and a ``matches(info)`` classmethod used for
+    ``auto`` detection. Two classes with the same name stop start-up with an error
+    naming both.
+
+    Example::
+
+        @hookimpl
+        def mlxcore_tool_parsers():
+            return [HelloToolParser]
+    """
+    raise NotImplementedError
+
+
+@hookspec
+def mlxcore_reasoning_parsers() -> list[type[ReasoningParser]]:
+    """Offer reasoning parser classes (subclasses of :class:`~mlxcore.parsers.ReasoningParser`).
+
+    When: once at start-up; same naming and detection rules as tool parsers
+    (``--reasoning-parser NAME``).
+
+    Example::
+
+        @hookimpl
+        def mlxcore_reasoning_parsers():
+            return [ThinkTagParser]
+    """
+    raise NotImplementedError
+
+
+@hookspec
+def mlxcore_cache_strategy(
+    model: Any, info: ModelInfo, config: ServerConfig
+) -> CacheStrategy | None:
+    """Offer a prefix-cache strategy for this model, or ``None`` to pass.
+
+    When: once per model, after ``mlxcore_patch_model``. The engine uses the first
+    candidate (plugins before the built-in LRU cache) unless ``--cache-strategy NAME``
+    picks one.
+
+    Example::
+
+        @hookimpl
+        def mlxcore_cache_strategy(model, info, config):
+            return SnapshotCache(model) if info.model_type == "qwen3_5" else None
+    """
+
+
+@hookspec
+def mlxcore_prefill_strategy(
+    model: Any, info: ModelInfo, config: ServerConfig
+) -> PrefillStrategy | None:
+    """Offer a prefill strategy for this model, or ``None`` to pass.
+
+    When: once per model. First candidate wins unless ``--prefill-strategy NAME``.
+    A strategy that does not apply to one request (a short prompt, an option
+    turned off) delegates to chunked prefill itself.
+
+    Example::
+
+        @hookimpl
+        def mlxcore_prefill_strategy(model, info, config):
+            return SparsePrefill(model, draft=load_draft(config)) if enabled(config) else None
+    """
+
+
+@hookspec
+def mlxcore_decoder(model: Any, info: ModelInfo, config: ServerConfig) -> Decoder | None:
+    """Offer a decoder (plain or speculative) for this model, or ``None`` to pass.
+
+    When: once per model. First candidate wins unless ``--decoder NAME``; the
+    built-in plain batched decoder comes last. A speculative decoder proposes,
+    verifies and rolls back per sequence inside the running batch.
+
+    Example::
+
+        @hookimpl
+        def mlxcore_decoder(model, info, config):
+            return MTPDecoder(model) if hasattr(model, "mtp_head") else None
+    """
+
+
+@hookspec
+def mlxcore_logits_processors(
+    request: GenerationRequest, info: ModelInfo
+) -> list[LogitsProcessor] | None:
+    """Add logits processors for one request (constraints, biases).
+
+    When: at request set-up, once per request, on the engine thread; the
+    processors then run on every step of that request only. Processors from all
+    plugins are applied in plugin priority order.
+
+    Example::
+
+        @hookimpl
+        def mlxcore_logits_processors(request, info):
+            if request.options.get("ban_token") is not None:
+                return [make_ban(request.options["ban_token"])]
+            return None
+    """
+
+
+@hookspec
+def mlxcore_routes(config: ServerConfig) -> list[Any] | None:
+    """Offer extra HTTP route handlers (Litestar handlers or controllers).
+
+    When: once at server start-up. The built-in OpenAI routes come through this
+    hook too. A path registered twice stops start-up with an error naming both.
+
+    Example::
+
+        @hookimpl
+        def mlxcore_routes(config):
+            return [MessagesController]
+    """

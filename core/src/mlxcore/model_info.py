@@ -1,0 +1,48 @@
+"""What the core knows about a loaded model, handed to every model-dependent hook.
+
+`ModelInfo` is plain data: plugins use it to decide whether they apply to a model
+(a parser's `matches`, a speculative decoder that needs an MTP head, ...). It is
+built once at load time by :mod:`mlxcore.models.loader`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+
+@attrs.frozen
+class ModelInfo:
+    """Facts about one loaded model.
+
+    Attributes:
+        path: the resolved local folder the weights were loaded from.
+        model_type: ``config.json``'s ``model_type`` (e.g. ``"qwen3_5"``, ``"llama"``).
+        config: the whole ``config.json`` as a dict (read-only by convention).
+        chat_template: the chat template text (Jinja), or ``None`` if the model has none.
+        vocab: token text -> id for every token of the tokenizer (special tokens included).
+        eos_token_ids: the ids that end a generation.
+        source: what the user asked for (a path, a repo id, a GGUF file).
+        weight_keys: names of every tensor in the checkpoint's safetensors files, including
+            ones the mlx-lm model class does not load (e.g. ``mtp.*``).
+    """
+
+    path: Path
+    model_type: str
+    config: dict[str, Any] = attrs.field(factory=dict, repr=False)
+    chat_template: str | None = attrs.field(default=None, repr=False)
+    vocab: dict[str, int] = attrs.field(factory=dict, repr=False)
+    eos_token_ids: frozenset[int] = frozenset()
+    source: str = ""
+    weight_keys: frozenset[str] = attrs.field(default=frozenset(), repr=False)
+
+    def has_token(self, text: str) -> bool:
+        """True when ``text`` is a single token of the vocabulary."""
+        return text in self.vocab
+
+    def template_mentions(self, *needles: str) -> bool:
+        """True when the chat template contains every one of ``needles``."""
+        template = self.chat_template or ""
+        return all(n in template for n in needles)
