@@ -7,7 +7,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from mlxcore.config import ServerConfig
 from mlxcore.errors import DuplicateNameError, PluginError, UsageError
 from mlxcore.hooks import PluginHooks
@@ -92,7 +91,7 @@ def test_misspelt_hook_fails_naming_plugin_and_hook(plugin_dir: Path) -> None:
 
 def test_unmarked_misspelt_hook_is_caught_too(plugin_dir: Path) -> None:
     name = write_plugin(plugin_dir, "unmarked_typo", "def mlxcore_configur(config):\n    pass\n")
-    with pytest.raises(PluginError, match="unmarked_typo.*mlxcore_configur"):
+    with pytest.raises(PluginError, match=r"unmarked_typo.*mlxcore_configur"):
         load(name)
 
 
@@ -113,8 +112,12 @@ def test_plugin_import_error_names_plugin(plugin_dir: Path) -> None:
 
 
 def test_duplicate_parser_names_fail_naming_both(plugin_dir: Path) -> None:
-    a = write_plugin(plugin_dir, "parsers_a", PARSER_PLUGIN.format(cls="AlphaParser", parser_name="same"))
-    b = write_plugin(plugin_dir, "parsers_b", PARSER_PLUGIN.format(cls="BetaParser", parser_name="same"))
+    a = write_plugin(
+        plugin_dir, "parsers_a", PARSER_PLUGIN.format(cls="AlphaParser", parser_name="same")
+    )
+    b = write_plugin(
+        plugin_dir, "parsers_b", PARSER_PLUGIN.format(cls="BetaParser", parser_name="same")
+    )
     hooks = load(a, b)
     with pytest.raises(DuplicateNameError) as err:
         hooks.tool_parsers()
@@ -124,7 +127,9 @@ def test_duplicate_parser_names_fail_naming_both(plugin_dir: Path) -> None:
 
 
 def test_parsers_registry_lists_plugin_parser(plugin_dir: Path) -> None:
-    name = write_plugin(plugin_dir, "one_parser", PARSER_PLUGIN.format(cls="OneParser", parser_name="one"))
+    name = write_plugin(
+        plugin_dir, "one_parser", PARSER_PLUGIN.format(cls="OneParser", parser_name="one")
+    )
     registry = load(name).tool_parsers()
     assert "one" in registry
     assert registry.entry("one").plugin == "one_parser"
@@ -141,7 +146,7 @@ def test_unknown_plugin_lists_installed() -> None:
 
 def test_named_plugins_are_installed_with_versions() -> None:
     found = installed_plugins()
-    assert NAMED_PLUGINS <= set(found)
+    assert set(found) >= NAMED_PLUGINS
     for name in NAMED_PLUGINS:
         assert found[name].distribution == f"mlxcore-{name}"
         assert found[name].version[0].isdigit()
@@ -212,7 +217,9 @@ def test_addoption_reaches_config(plugin_dir: Path) -> None:
     config = config_from_args(args, core)
     assert config.option("with_option_level") == 7
     assert "prompt" not in config.plugin_options
-    group_titles = [g.title for g in parser._subparsers._group_actions[0].choices["generate"]._action_groups]  # type: ignore[union-attr]
+    group_titles = [
+        g.title for g in parser._subparsers._group_actions[0].choices["generate"]._action_groups
+    ]  # type: ignore[union-attr]
     assert "plugin with_option" in group_titles
 
 
@@ -251,7 +258,7 @@ def test_strategy_selection_prefers_plugin_and_honours_names(plugin_dir: Path) -
     assert hooks.prefill_strategy(object(), info, ServerConfig()).name == "big-chunks"
     chosen = hooks.prefill_strategy(object(), info, ServerConfig(prefill_strategy="chunked"))
     assert chosen.name == "chunked"
-    with pytest.raises(UsageError, match="--prefill-strategy.*nope.*big-chunks"):
+    with pytest.raises(UsageError, match=r"--prefill-strategy.*nope.*big-chunks"):
         hooks.prefill_strategy(object(), info, ServerConfig(prefill_strategy="nope"))
 
 

@@ -39,6 +39,7 @@ from mlxcore.errors import PluginError, UsageError
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "mlxcore.builtin.strategies",
     "mlxcore.builtin.parsers",
+    "mlxcore.builtin.openai",
 )
 """Module paths of the built-in plugins, registered before any other."""
 

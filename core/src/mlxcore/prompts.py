@@ -14,8 +14,9 @@ def render_chat_prompt(
     *,
     tools: Sequence[Mapping[str, Any]] | None = None,
     **template_kwargs: Any,
-) -> list[int]:
-    """Apply the tokenizer's chat template (with the generation prompt) and tokenize."""
+) -> tuple[str, list[int]]:
+    """Apply the tokenizer's chat template (with the generation prompt); return the
+    rendered text and its token ids."""
     if not getattr(tokenizer, "chat_template", None):
         raise MlxcoreError("the model has no chat template; use raw completions instead")
     text = tokenizer.apply_chat_template(
@@ -26,4 +27,4 @@ def render_chat_prompt(
         **template_kwargs,
     )
     ids: list[int] = tokenizer.encode(text, add_special_tokens=False)
-    return ids
+    return text, ids

@@ -187,6 +187,8 @@ class LRUPrefixCache(CacheStrategy):
 
     name = "lru"
     max_entries: ClassVar[int] = 64
+    KEY: ClassVar[str] = "model"
+    """mlx-lm's cache is keyed by model; one strategy instance serves one model."""
 
     def __init__(self, model: Any, size: str = "32768") -> None:
         self.model = model
@@ -212,7 +214,7 @@ class LRUPrefixCache(CacheStrategy):
 
     def _nearest(self, tokens: list[int]) -> tuple[LayerCache | None, int]:
         """The nearest stored cache and how many of ``tokens`` it holds (< len(tokens))."""
-        cache, rest = self.store_.fetch_nearest_cache(self.model, tokens)
+        cache, rest = self.store_.fetch_nearest_cache(self.KEY, tokens)
         if cache is None:
             return None, 0
         if rest:
@@ -221,7 +223,7 @@ class LRUPrefixCache(CacheStrategy):
         if can_trim_prompt_cache(cache):
             trim_prompt_cache(cache, 1)
             return cache, len(tokens) - 1
-        cache, rest = self.store_.fetch_nearest_cache(self.model, tokens[:-1])
+        cache, rest = self.store_.fetch_nearest_cache(self.KEY, tokens[:-1])
         if cache is None:
             return None, 0
         return cache, len(tokens) - 1 - len(rest)
@@ -232,7 +234,7 @@ class LRUPrefixCache(CacheStrategy):
         if self.max_tokens is not None and self._per_token is None:
             self._per_token = max(1, sum(c.nbytes for c in cache) // len(tokens))
             self.store_.max_bytes = self.max_tokens * self._per_token
-        self.store_.insert_cache(self.model, list(tokens), cache)
+        self.store_.insert_cache(self.KEY, list(tokens), cache)
 
     def clear(self) -> None:
         self.store_.trim_to(n_sequences=0)

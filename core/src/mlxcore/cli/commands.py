@@ -8,7 +8,6 @@ import sys
 import time
 
 import pluggy
-
 from mlxcore.cli.runtime import build_runtime
 from mlxcore.config import ServerConfig
 from mlxcore.engine.events import FinishEvent, TokenEvent
@@ -26,7 +25,13 @@ def list_plugins(pm: pluggy.PluginManager) -> int:
     rows = plugin_statuses(pm)
     header = ("NAME", "DISTRIBUTION", "VERSION", "STATUS", "HOOKS")
     table = [header] + [
-        (r.name, r.distribution, r.version, r.status, ", ".join(h.removeprefix("mlxcore_") for h in r.hooks) or "-")
+        (
+            r.name,
+            r.distribution,
+            r.version,
+            r.status,
+            ", ".join(h.removeprefix("mlxcore_") for h in r.hooks) or "-",
+        )
         for r in rows
     ]
     widths = [max(len(row[i]) for row in table) for i in range(len(header) - 1)]
@@ -46,7 +51,7 @@ def generate(args: argparse.Namespace, config: ServerConfig, hooks: PluginHooks)
         if args.system:
             messages.append({"role": "system", "content": args.system})
         messages.append({"role": "user", "content": args.prompt})
-        prompt_tokens = render_chat_prompt(rt.tokenizer, messages)
+        _, prompt_tokens = render_chat_prompt(rt.tokenizer, messages)
     request = GenerationRequest(
         prompt_tokens=tuple(prompt_tokens),
         max_tokens=args.max_tokens,
@@ -90,8 +95,12 @@ def generate(args: argparse.Namespace, config: ServerConfig, hooks: PluginHooks)
 
 
 def serve(config: ServerConfig, hooks: PluginHooks) -> int:
-    """Serve the model over HTTP."""
-    raise MlxcoreError(
-        "the HTTP server is not built yet (see the engine-and-server issue); "
-        "use `mlxcore generate` meanwhile"
-    )
+    """Serve the model over HTTP until interrupted."""
+    from mlxcore.server.app import serve as run_server
+
+    rt = build_runtime(config, hooks)
+    enabled = [name for name, plugin in hooks.pm.list_name_plugin() if plugin is not None]
+    log.info("model: %s (%s, %s)", rt.info.source, rt.info.model_type, rt.info.path)
+    log.info("plugins: %s", ", ".join(enabled))
+    run_server(rt, hooks)
+    return 0

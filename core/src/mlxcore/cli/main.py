@@ -33,7 +33,9 @@ def build_parser(hooks: PluginHooks | None) -> tuple[argparse.ArgumentParser, se
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     core_dests: set[str] = {"command"}
 
-    def add(name: str, help_text: str, *adders: Callable[[argparse.ArgumentParser], None]) -> argparse.ArgumentParser:
+    def add(
+        name: str, help_text: str, *adders: Callable[[argparse.ArgumentParser], None]
+    ) -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, help=help_text, description=help_text)
         options.add_common(cmd)
         for adder in adders:
@@ -41,9 +43,17 @@ def build_parser(hooks: PluginHooks | None) -> tuple[argparse.ArgumentParser, se
         core_dests.update(a.dest for a in cmd._actions)
         return cmd
 
-    serve = add("serve", "serve a model over HTTP", options.add_model_options, options.add_server_options)
-    gen = add("generate", "generate a completion once, streamed to the terminal", options.add_model_options)
-    gen.add_argument("--prompt", "-p", required=True, help="the user message (or raw text with --raw)")
+    serve = add(
+        "serve", "serve a model over HTTP", options.add_model_options, options.add_server_options
+    )
+    gen = add(
+        "generate",
+        "generate a completion once, streamed to the terminal",
+        options.add_model_options,
+    )
+    gen.add_argument(
+        "--prompt", "-p", required=True, help="the user message (or raw text with --raw)"
+    )
     gen.add_argument("--system", default=None, help="a system message")
     gen.add_argument("--max-tokens", type=int, default=256, help="most tokens to generate")
     gen.add_argument("--temperature", "--temp", type=float, default=0.0, help="0 = greedy")
@@ -61,7 +71,9 @@ def setup_logging(level: str) -> None:
     """Log mlxcore's own loggers (and uvicorn's) at ``level``; the root logger is untouched."""
     numeric = logging.DEBUG if level == "trace" else getattr(logging, level.upper())
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
+    )
     for name in ("mlxcore", "uvicorn", "uvicorn.error", "uvicorn.access"):
         logger = logging.getLogger(name)
         logger.setLevel(numeric)

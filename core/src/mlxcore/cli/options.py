@@ -74,10 +74,18 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         "SmolLM2-135M-Instruct)",
     )
     engine = parser.add_argument_group("engine")
-    engine.add_argument("--max-num-seqs", type=_positive, default=16, help="most sequences decoded together")
-    engine.add_argument("--max-queue-size", type=_positive, default=256, help="most requests waiting")
-    engine.add_argument("--max-model-len", type=_positive, default=None, help="context length limit")
-    engine.add_argument("--prefill-step-size", type=_positive, default=2048, help="prefill chunk size")
+    engine.add_argument(
+        "--max-num-seqs", type=_positive, default=16, help="most sequences decoded together"
+    )
+    engine.add_argument(
+        "--max-queue-size", type=_positive, default=256, help="most requests waiting"
+    )
+    engine.add_argument(
+        "--max-model-len", type=_positive, default=None, help="context length limit"
+    )
+    engine.add_argument(
+        "--prefill-step-size", type=_positive, default=2048, help="prefill chunk size"
+    )
     engine.add_argument(
         "--prefix-cache-size",
         default="32768",
@@ -89,18 +97,28 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         default=0.9,
         help="fraction of memory MLX may use (vLLM's name)",
     )
-    engine.add_argument("--cache-strategy", default=None, metavar="NAME", help="pick a cache strategy by name")
-    engine.add_argument("--prefill-strategy", default=None, metavar="NAME", help="pick a prefill strategy by name")
+    engine.add_argument(
+        "--cache-strategy", default=None, metavar="NAME", help="pick a cache strategy by name"
+    )
+    engine.add_argument(
+        "--prefill-strategy", default=None, metavar="NAME", help="pick a prefill strategy by name"
+    )
     engine.add_argument("--decoder", default=None, metavar="NAME", help="pick a decoder by name")
     parsers = parser.add_argument_group("parsers")
-    parsers.add_argument("--tool-call-parser", default="auto", metavar="NAME", help="tool-call parser name, or auto")
-    parsers.add_argument("--reasoning-parser", default="auto", metavar="NAME", help="reasoning parser name, or auto")
+    parsers.add_argument(
+        "--tool-call-parser", default="auto", metavar="NAME", help="tool-call parser name, or auto"
+    )
+    parsers.add_argument(
+        "--reasoning-parser", default="auto", metavar="NAME", help="reasoning parser name, or auto"
+    )
 
 
 def add_server_options(parser: argparse.ArgumentParser) -> None:
     """HTTP flags of ``serve``."""
     http = parser.add_argument_group("http")
-    http.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    http.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)"
+    )
     http.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     http.add_argument(
         "--served-model-name",
@@ -109,7 +127,9 @@ def add_server_options(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="model name(s) clients use (default: the model argument)",
     )
-    http.add_argument("--api-key", default=None, help="require this Bearer key on every route but /health")
+    http.add_argument(
+        "--api-key", default=None, help="require this Bearer key on every route but /health"
+    )
     http.add_argument(
         "--allowed-origins",
         nargs="+",

@@ -10,7 +10,6 @@ import logging
 from typing import Any
 
 import attrs
-
 from mlxcore.config import ServerConfig
 from mlxcore.engine.engine import Engine
 from mlxcore.hooks import PluginHooks

@@ -151,6 +151,21 @@ class Engine:
         finally:
             handle.cancel()
 
+    def stats(self) -> dict[str, float]:
+        """Load and strategy counters (read from any thread; values are snapshots)."""
+        cache = self.cache.stats()
+        out: dict[str, float] = {
+            "requests_running": len(self._live),
+            "requests_waiting": len(self._waiting),
+            "prefix_cache_hits": cache.hits,
+            "prefix_cache_misses": cache.misses,
+            "prefix_cache_reused_tokens": cache.reused_tokens,
+            "prefix_cache_entries": cache.entries,
+            "prefix_cache_bytes": cache.nbytes,
+        }
+        out.update({f"decoder_{k}": v for k, v in self.decoder.stats().items()})
+        return out
+
     def _validate(self, request: GenerationRequest) -> None:
         n = len(request.prompt_tokens)
         if n == 0:

@@ -1,0 +1,47 @@
+# Two commands do all the set-up on a fresh machine:
+#   make serve   create .venv, install the workspace, fetch the embedded default model, serve it
+#   make test    the same set-up, then lint, type-check and run the whole test suite
+# .ci/run calls `make test`.
+
+SHELL := /bin/bash
+UV_VERSION := 0.13.8
+UV := .tools/uv/bin/uv
+PY := .venv/bin/python
+export UV_PYTHON_DOWNLOADS := never
+PYTEST_ARGS ?=
+
+.PHONY: setup serve generate test lint typecheck docs bench clean
+
+$(UV):
+	python3 -m venv .tools/uv
+	.tools/uv/bin/python -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
+
+# The environment lives in .venv/ at the repository root.
+setup: $(UV)
+	$(UV) sync --locked --python python3
+	@bash scripts/install-openblas.sh || true
+	$(PY) -m mlxcore.models.default
+
+# The main job: serve the embedded default model (SmolLM2-135M-Instruct).
+serve: setup
+	$(PY) -m mlxcore serve $(ARGS)
+
+# One-shot generation on the embedded default model.
+generate: setup
+	$(PY) -m mlxcore generate --prompt "What is the capital of France?" $(ARGS)
+
+lint:
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
+
+typecheck:
+	.venv/bin/mypy
+
+docs:
+	$(PY) scripts/gen_hooks_doc.py
+
+test: setup lint typecheck
+	.venv/bin/pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
+
+clean:
+	rm -rf .venv .tools .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,235 @@
+"""``POST /v1/chat/completions``: stream and non-stream, tools, reasoning, logprobs, n."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import attrs
+import msgspec
+from litestar import Request, Response, post
+from litestar.response import Stream
+
+from mlxcore.builtin.openai import convert
+from mlxcore.builtin.openai.encode import (
+    SSE_DONE,
+    LogprobEncoder,
+    guard_stream,
+    new_id,
+    now,
+    sse,
+    tool_call_body,
+    usage_body,
+)
+from mlxcore.builtin.openai.schemas import ChatCompletionRequest
+from mlxcore.builtin.openai.shared import check_model, served_name, service_of
+from mlxcore.engine.request import GenerationRequest
+from mlxcore.output import OutputDelta
+from mlxcore.server.errors import from_validation
+from mlxcore.server.service import Generation, GenerationService
+
+
+def build_generations(svc: GenerationService, body: ChatCompletionRequest) -> list[Generation]:
+    """Validate ``body`` and prepare one :class:`Generation` per choice (``n``)."""
+    convert.check_chat_fields(body)
+    messages = convert.normalize_messages(body.messages)
+    tools = body.tools if body.tool_choice != "none" else None
+    kwargs = dict(body.chat_template_kwargs or {})
+    prompt_text, prompt = svc.chat_prompt(messages, tools, kwargs)
+    top = body.top_logprobs or 0
+    if top and not body.logprobs:
+        raise convert.invalid("top_logprobs requires logprobs: true", "top_logprobs")
+    limit = svc.config.max_model_len
+    budget = convert.max_tokens(
+        body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens,
+        svc.config.max_tokens_default,
+        limit,
+    )
+    sampling = convert.sampling_params(
+        body,
+        vocab_size=len(svc.runtime.tokenizer),
+        logprobs=body.logprobs,
+        top_logprobs=top,
+    )
+    stops = convert.stop_strings(body.stop)
+    options: dict[str, Any] = {}
+    if body.speculative is not None:
+        options["speculative"] = body.speculative
+    thinking = kwargs.get("enable_thinking", True) is not False
+    gens = []
+    for i in range(body.n):
+        params = sampling
+        if i and sampling.seed is not None:
+            params = attrs.evolve(sampling, seed=(sampling.seed + i) & (2**64 - 1))
+        req = GenerationRequest(
+            prompt_tokens=tuple(prompt),
+            max_tokens=budget,
+            sampling=params,
+            options=options,
+            request_id=new_id("chatcmpl"),
+        )
+        pipe = svc.pipeline(stops=stops, tools=tools, prompt_text=prompt_text, reasoning=thinking)
+        gens.append(Generation(req, pipe))
+    return gens
+
+
+@post("/v1/chat/completions", status_code=200)
+async def chat_completions(request: Request[Any, Any, Any]) -> Any:
+    """OpenAI chat completions."""
+    svc = service_of(request)
+    try:
+        body = msgspec.json.decode(await request.body(), type=ChatCompletionRequest)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise from_validation(exc) from None
+    check_model(svc, body.model)
+    gens = build_generations(svc, body)
+    streams = svc.start_all(gens)
+    model = served_name(svc, body.model)
+    logprobs = LogprobEncoder(svc.runtime.tokenizer) if body.logprobs else None
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        chunks = _stream(gens, streams, model, logprobs, include_usage)
+        return Stream(
+            guard_stream(chunks),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
+        )
+    return Response(await _complete(gens, streams, model, logprobs))
+
+
+async def _collect(stream: AsyncIterator[OutputDelta]) -> OutputDelta:
+    total = OutputDelta()
+    async for delta in stream:
+        total.content += delta.content
+        total.reasoning += delta.reasoning
+        total.tool_calls.extend(delta.tool_calls)
+        total.logprobs.extend(delta.logprobs)
+        total.finish_reason = delta.finish_reason or total.finish_reason
+    return total
+
+
+async def _complete(
+    gens: list[Generation],
+    streams: list[AsyncIterator[OutputDelta]],
+    model: str,
+    logprobs: LogprobEncoder | None,
+) -> dict[str, Any]:
+    results = await asyncio.gather(*(_collect(s) for s in streams))
+    choices = []
+    for index, out in enumerate(results):
+        message: dict[str, Any] = {"role": "assistant", "content": out.content or None}
+        if out.reasoning:
+            message["reasoning_content"] = out.reasoning
+        if out.tool_calls:
+            message["tool_calls"] = [tool_call_body(c, i) for i, c in enumerate(out.tool_calls)]
+        elif message["content"] is None:
+            message["content"] = ""
+        choices.append(
+            {
+                "index": index,
+                "message": message,
+                "logprobs": logprobs.chat(out.logprobs) if logprobs else None,
+                "finish_reason": out.finish_reason,
+            }
+        )
+    return {
+        "id": gens[0].request.request_id,
+        "object": "chat.completion",
+        "created": now(),
+        "model": model,
+        "choices": choices,
+        "usage": usage_body([g.usage for g in gens]),
+    }
+
+
+async def _stream(
+    gens: list[Generation],
+    streams: list[AsyncIterator[OutputDelta]],
+    model: str,
+    logprobs: LogprobEncoder | None,
+    include_usage: bool,
+) -> AsyncIterator[bytes]:
+    rid, created = gens[0].request.request_id, now()
+
+    def chunk(
+        index: int, delta: dict[str, Any], finish: str | None = None, lp: Any = None
+    ) -> bytes:
+        choice = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
+        return sse(
+            {
+                "id": rid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [choice],
+            }
+        )
+
+    for index in range(len(gens)):
+        yield chunk(index, {"role": "assistant", "content": ""})
+    tool_index = [0] * len(gens)
+    async for index, d in _merge(streams):
+        delta: dict[str, Any] = {}
+        if d.reasoning:
+            delta["reasoning_content"] = d.reasoning
+        if d.content:
+            delta["content"] = d.content
+        if d.tool_calls:
+            delta["tool_calls"] = [
+                tool_call_body(c, tool_index[index] + i) for i, c in enumerate(d.tool_calls)
+            ]
+            tool_index[index] += len(d.tool_calls)
+        lp = logprobs.chat(d.logprobs) if logprobs and d.logprobs else None
+        if delta or lp is not None:
+            yield chunk(index, delta, None, lp)
+        if d.finish_reason is not None:
+            yield chunk(index, {}, d.finish_reason)
+    if include_usage:
+        usage = usage_body([g.usage for g in gens])
+        yield sse(
+            {
+                "id": rid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [],
+                "usage": usage,
+            }
+        )
+    yield SSE_DONE
+
+
+async def _merge(
+    streams: list[AsyncIterator[OutputDelta]],
+) -> AsyncIterator[tuple[int, OutputDelta]]:
+    """Interleave several delta streams, tagging each delta with its choice index."""
+    if len(streams) == 1:
+        async for d in streams[0]:
+            yield 0, d
+        return
+    queue: asyncio.Queue[tuple[int, OutputDelta | BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int, stream: AsyncIterator[OutputDelta]) -> None:
+        try:
+            async for d in stream:
+                await queue.put((index, d))
+        except BaseException as exc:
+            await queue.put((index, exc))
+            return
+        await queue.put((index, None))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        live = len(tasks)
+        while live:
+            index, item = await queue.get()
+            if item is None:
+                live -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()

@@ -1,0 +1,181 @@
+"""``POST /v1/completions`` (raw text in, text out) and ``GET /v1/models``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import attrs
+import msgspec
+from litestar import Request, Response, get, post
+from litestar.response import Stream
+
+from mlxcore.builtin.openai import convert
+from mlxcore.builtin.openai.chat import _merge
+from mlxcore.builtin.openai.encode import (
+    SSE_DONE,
+    LogprobEncoder,
+    guard_stream,
+    new_id,
+    now,
+    sse,
+    usage_body,
+)
+from mlxcore.builtin.openai.schemas import CompletionRequest
+from mlxcore.builtin.openai.shared import check_model, served_name, served_names, service_of
+from mlxcore.engine.request import GenerationRequest
+from mlxcore.output import OutputDelta
+from mlxcore.server.errors import from_validation, invalid
+from mlxcore.server.service import Generation, GenerationService
+
+
+def _prompt_tokens(svc: GenerationService, prompt: str | list[str] | list[int]) -> list[int]:
+    if isinstance(prompt, str):
+        return svc.encode(prompt)
+    if prompt and all(isinstance(p, int) for p in prompt):
+        vocab = len(svc.runtime.tokenizer)
+        ids = [int(p) for p in prompt]
+        if any(not 0 <= t < vocab for t in ids):
+            raise invalid("prompt token ids must be inside the vocabulary", "prompt")
+        return ids
+    if len(prompt) == 1 and isinstance(prompt[0], str):
+        return svc.encode(prompt[0])
+    raise invalid("prompt must be a string, a one-string list or a list of token ids", "prompt")
+
+
+def build_generations(svc: GenerationService, body: CompletionRequest) -> list[Generation]:
+    """Validate ``body`` and prepare one generation per choice."""
+    if body.suffix:
+        raise invalid("suffix is not supported", "suffix")
+    prompt = _prompt_tokens(svc, body.prompt)
+    if not prompt:
+        raise invalid("prompt must not be empty", "prompt")
+    top = body.logprobs or 0
+    sampling = convert.sampling_params(
+        body,
+        vocab_size=len(svc.runtime.tokenizer),
+        logprobs=body.logprobs is not None,
+        top_logprobs=top,
+    )
+    budget = convert.max_tokens(body.max_tokens, 16, svc.config.max_model_len)
+    stops = convert.stop_strings(body.stop)
+    options: dict[str, Any] = {} if body.speculative is None else {"speculative": body.speculative}
+    gens = []
+    for i in range(body.n):
+        params = sampling
+        if i and sampling.seed is not None:
+            params = attrs.evolve(sampling, seed=(sampling.seed + i) & (2**64 - 1))
+        req = GenerationRequest(
+            prompt_tokens=tuple(prompt),
+            max_tokens=budget,
+            sampling=params,
+            options=options,
+            request_id=new_id("cmpl"),
+        )
+        gens.append(Generation(req, svc.pipeline(stops=stops, reasoning=False)))
+    return gens
+
+
+@post("/v1/completions", status_code=200)
+async def completions(request: Request[Any, Any, Any]) -> Any:
+    """OpenAI (legacy) text completions."""
+    svc = service_of(request)
+    try:
+        body = msgspec.json.decode(await request.body(), type=CompletionRequest)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise from_validation(exc) from None
+    check_model(svc, body.model)
+    gens = build_generations(svc, body)
+    echo = svc.runtime.tokenizer.decode(list(gens[0].request.prompt_tokens)) if body.echo else ""
+    streams = svc.start_all(gens)
+    model = served_name(svc, body.model)
+    lp = LogprobEncoder(svc.runtime.tokenizer) if body.logprobs is not None else None
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return Stream(
+            guard_stream(_stream(gens, streams, model, lp, include_usage, echo)),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
+        )
+    results = await asyncio.gather(*(_collect(s) for s in streams))
+    choices = [
+        {
+            "index": i,
+            "text": echo + out.content,
+            "logprobs": lp.completion(out.logprobs) if lp else None,
+            "finish_reason": out.finish_reason,
+        }
+        for i, out in enumerate(results)
+    ]
+    return Response(
+        {
+            "id": gens[0].request.request_id,
+            "object": "text_completion",
+            "created": now(),
+            "model": model,
+            "choices": choices,
+            "usage": usage_body([g.usage for g in gens]),
+        }
+    )
+
+
+async def _collect(stream: AsyncIterator[OutputDelta]) -> OutputDelta:
+    total = OutputDelta()
+    async for d in stream:
+        total.content += d.content
+        total.logprobs.extend(d.logprobs)
+        total.finish_reason = d.finish_reason or total.finish_reason
+    return total
+
+
+async def _stream(
+    gens: list[Generation],
+    streams: list[AsyncIterator[OutputDelta]],
+    model: str,
+    lp: LogprobEncoder | None,
+    include_usage: bool,
+    echo: str,
+) -> AsyncIterator[bytes]:
+    rid, created = gens[0].request.request_id, now()
+
+    def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        body = {"id": rid, "object": "text_completion", "created": created, "model": model}
+        return sse({**body, "choices": choices, **extra})
+
+    if echo:
+        for i in range(len(gens)):
+            yield chunk([{"index": i, "text": echo, "logprobs": None, "finish_reason": None}])
+    async for index, d in _merge(streams):
+        if d.content or d.logprobs or d.finish_reason:
+            logprobs = lp.completion(d.logprobs) if lp and d.logprobs else None
+            choice = {
+                "index": index,
+                "text": d.content,
+                "logprobs": logprobs,
+                "finish_reason": d.finish_reason,
+            }
+            yield chunk([choice])
+    if include_usage:
+        yield chunk([], usage=usage_body([g.usage for g in gens]))
+    yield SSE_DONE
+
+
+@get("/v1/models")
+async def list_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    """Every served name, with ``root`` = the resolved local model path (as vLLM reports)."""
+    svc = service_of(request)
+    root = str(svc.runtime.info.path)
+    created = now()
+    data = [
+        {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "mlxcore",
+            "root": root,
+            "parent": None,
+        }
+        for name in served_names(svc)
+    ]
+    return {"object": "list", "data": data}

@@ -1,0 +1,202 @@
+"""From OpenAI request bodies to engine requests: validation, sampling, messages.
+
+Every value that cannot be honoured is refused with a 400 naming the field.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from mlxcore.builtin.openai.schemas import ChatCompletionRequest, Message, SamplingFields
+from mlxcore.engine.request import SamplingParams
+from mlxcore.server.errors import invalid
+
+MAX_N = 16
+MAX_TOP_LOGPROBS = 20
+MAX_STOPS = 16
+
+
+def _range(name: str, value: float | None, low: float, high: float) -> None:
+    if value is not None and not (low <= value <= high):
+        raise invalid(f"{name} must be between {low} and {high}, got {value}", name)
+
+
+def sampling_params(
+    body: SamplingFields, *, vocab_size: int, logprobs: bool, top_logprobs: int
+) -> SamplingParams:
+    """Validate the sampling fields and build :class:`SamplingParams`."""
+    _range("temperature", body.temperature, 0.0, 2.0)
+    _range("top_p", body.top_p, 0.0, 1.0)
+    _range("min_p", body.min_p, 0.0, 1.0)
+    _range("presence_penalty", body.presence_penalty, -2.0, 2.0)
+    _range("frequency_penalty", body.frequency_penalty, -2.0, 2.0)
+    _range("repetition_penalty", body.repetition_penalty, 0.01, 10.0)
+    if body.top_p is not None and body.top_p == 0.0:
+        raise invalid("top_p must be greater than 0", "top_p")
+    top_k = body.top_k or 0
+    if top_k < -1:
+        raise invalid("top_k must be -1 (off), 0 (off) or a positive integer", "top_k")
+    _range("top_logprobs", top_logprobs, 0, MAX_TOP_LOGPROBS)
+    if body.n < 1 or body.n > MAX_N:
+        raise invalid(f"n must be between 1 and {MAX_N}", "n")
+    bias: dict[int, float] | None = None
+    if body.logit_bias:
+        bias = {}
+        for key, value in body.logit_bias.items():
+            try:
+                token = int(key)
+            except ValueError:
+                raise invalid(f"logit_bias key {key!r} is not a token id", "logit_bias") from None
+            if not 0 <= token < vocab_size:
+                raise invalid(f"logit_bias token {token} is outside the vocabulary", "logit_bias")
+            _range("logit_bias", value, -100.0, 100.0)
+            bias[token] = value
+    seed = None
+    if body.seed is not None:
+        if not -(2**63) <= body.seed < 2**64:
+            raise invalid("seed must fit in 64 bits", "seed")
+        seed = body.seed & (2**64 - 1)
+    return SamplingParams(
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=max(top_k, 0),
+        min_p=body.min_p or 0.0,
+        repetition_penalty=body.repetition_penalty,
+        presence_penalty=body.presence_penalty or None,
+        frequency_penalty=body.frequency_penalty or None,
+        logit_bias=bias,
+        seed=seed,
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
+    )
+
+
+def stop_strings(stop: str | list[str] | None) -> list[str]:
+    """The request's stop strings as a list."""
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else list(stop)
+    if len(stops) > MAX_STOPS:
+        raise invalid(f"at most {MAX_STOPS} stop strings are allowed", "stop")
+    return [s for s in stops if s]
+
+
+def max_tokens(value: int | None, default: int, limit: int | None) -> int:
+    """The generation budget; refuse values below 1 or above the context."""
+    if value is None:
+        return default if limit is None else min(default, limit)
+    if value < 1:
+        raise invalid("max_tokens must be at least 1", "max_tokens")
+    if limit is not None and value > limit:
+        raise invalid(f"max_tokens {value} exceeds the model's context of {limit}", "max_tokens")
+    return value
+
+
+ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
+
+
+def _text_of(content: str | list[dict[str, Any]] | None, where: str) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    pieces = []
+    for i, part in enumerate(content):
+        kind = part.get("type")
+        if kind in ("text", "input_text", "output_text"):
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise invalid(f"content part {i} has no text", f"{where}.content[{i}].text")
+            pieces.append(text)
+        else:
+            raise invalid(
+                f"content part type {kind!r} is not supported by this text-only model",
+                f"{where}.content[{i}].type",
+            )
+    return "\n".join(pieces) if len(pieces) > 1 else "".join(pieces)
+
+
+def _tool_calls(calls: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
+    """Assistant tool calls for the template, with arguments as a mapping."""
+    out = []
+    for i, call in enumerate(calls):
+        fn = call.get("function")
+        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+            raise invalid("a tool call needs function.name", f"{where}.tool_calls[{i}]")
+        args: Any = fn.get("arguments", "{}")
+        if isinstance(args, str):
+            with contextlib.suppress(json.JSONDecodeError):
+                args = json.loads(args) if args.strip() else {}
+        out.append(
+            {
+                "id": call.get("id"),
+                "type": "function",
+                "function": {"name": fn["name"], "arguments": args},
+            }
+        )
+    return out
+
+
+def normalize_messages(messages: list[Message]) -> list[dict[str, Any]]:
+    """Messages as chat templates expect them.
+
+    ``developer`` becomes ``system``; system messages move to the front (merged
+    into one); consecutive user (or system) messages are merged; content-part
+    lists are flattened to text for text-only models.
+    """
+    if not messages:
+        raise invalid("messages must not be empty", "messages")
+    system: list[str] = []
+    out: list[dict[str, Any]] = []
+    for i, msg in enumerate(messages):
+        where = f"messages[{i}]"
+        role = "system" if msg.role == "developer" else msg.role
+        if role not in ROLES:
+            raise invalid(f"unknown role {msg.role!r}", f"{where}.role")
+        text = _text_of(msg.content, where)
+        if role == "system":
+            system.append(text)
+            continue
+        item: dict[str, Any] = {"role": "tool" if role == "function" else role, "content": text}
+        if msg.name is not None:
+            item["name"] = msg.name
+        if msg.tool_calls:
+            item["tool_calls"] = _tool_calls(msg.tool_calls, where)
+        if msg.tool_call_id is not None:
+            item["tool_call_id"] = msg.tool_call_id
+        thinking = msg.reasoning_content or msg.reasoning
+        if thinking:
+            item["reasoning_content"] = thinking
+        if out and role == "user" and out[-1]["role"] == "user" and "name" not in item:
+            out[-1]["content"] += "\n\n" + text
+            continue
+        out.append(item)
+    if system:
+        out.insert(0, {"role": "system", "content": "\n\n".join(system)})
+    return out
+
+
+def check_chat_fields(body: ChatCompletionRequest) -> None:
+    """Refuse chat fields this server cannot honour yet, naming them."""
+    fmt = body.response_format
+    if fmt is not None and fmt.get("type") not in (None, "text"):
+        raise invalid(
+            f"response_format type {fmt.get('type')!r} is not supported by this server yet",
+            "response_format",
+        )
+    choice = body.tool_choice
+    if isinstance(choice, str) and choice not in ("none", "auto", "required"):
+        raise invalid(f"tool_choice {choice!r} is not one of none, auto, required", "tool_choice")
+    if choice == "required" or isinstance(choice, dict):
+        raise invalid(
+            "tool_choice 'required' and named functions need constrained decoding, which is "
+            "not available yet; use 'auto'",
+            "tool_choice",
+        )
+    for i, tool in enumerate(body.tools or []):
+        fn = tool.get("function")
+        if tool.get("type", "function") != "function" or not isinstance(fn, Mapping):
+            raise invalid("each tool must be {type: function, function: {...}}", f"tools[{i}]")
+        if not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise invalid("a tool function needs a name", f"tools[{i}].function.name")

@@ -1,0 +1,110 @@
+"""OpenAI response shapes: chat completions, text completions, chunks, usage, logprobs."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import msgspec
+
+from mlxcore.engine.events import Usage
+from mlxcore.engine.strategies import StepToken
+from mlxcore.parsers.base import ToolCall
+from mlxcore.server.errors import APIError
+
+
+def new_id(prefix: str) -> str:
+    """A response id such as ``chatcmpl-<hex>``."""
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def now() -> int:
+    """Unix time in seconds."""
+    return int(time.time())
+
+
+def usage_body(usages: Sequence[Usage]) -> dict[str, Any]:
+    """OpenAI ``usage`` summed over choices (prompt counted once), with cache details
+    and plugin extension fields."""
+    first = usages[0]
+    completion = sum(u.completion_tokens for u in usages)
+    body: dict[str, Any] = {
+        "prompt_tokens": first.prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": first.prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": first.cached_tokens},
+    }
+    for usage in usages:
+        body.update(usage.extra)
+    return body
+
+
+def tool_call_body(call: ToolCall, index: int) -> dict[str, Any]:
+    """One tool call as OpenAI encodes it (complete, in a single delta)."""
+    return {
+        "index": index,
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    }
+
+
+class LogprobEncoder:
+    """Turns :class:`StepToken` logprobs into OpenAI's shapes."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def text(self, token: int) -> str:
+        """The text of one token."""
+        text: str = self.tokenizer.decode([token])
+        return text
+
+    def chat(self, tokens: Sequence[StepToken]) -> dict[str, Any]:
+        """``{"content": [...]}`` for chat completions."""
+        items = []
+        for tok in tokens:
+            text = self.text(tok.token)
+            items.append(
+                {
+                    "token": text,
+                    "logprob": tok.logprob,
+                    "bytes": list(text.encode()),
+                    "top_logprobs": [
+                        {"token": (t := self.text(tid)), "logprob": lp, "bytes": list(t.encode())}
+                        for tid, lp in tok.top_logprobs
+                    ],
+                }
+            )
+        return {"content": items}
+
+    def completion(self, tokens: Sequence[StepToken]) -> dict[str, Any]:
+        """Legacy completions logprobs (``tokens``, ``token_logprobs``, ``top_logprobs``)."""
+        texts = [self.text(t.token) for t in tokens]
+        return {
+            "tokens": texts,
+            "token_logprobs": [t.logprob for t in tokens],
+            "top_logprobs": [{self.text(tid): lp for tid, lp in t.top_logprobs} for t in tokens],
+            "text_offset": [],
+        }
+
+
+def sse(payload: dict[str, Any]) -> bytes:
+    """One server-sent event carrying ``payload`` as JSON."""
+    return b"data: " + msgspec.json.encode(payload) + b"\n\n"
+
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+async def guard_stream(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """Pass ``chunks`` through; an error after the response started becomes a final
+    ``{"error": ...}`` event and ``[DONE]`` instead of a broken connection."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except APIError as exc:
+        yield sse(exc.body())
+        yield SSE_DONE

@@ -1,0 +1,98 @@
+"""API errors and their OpenAI-shaped JSON: ``{"error": {message, type, param, code}}``.
+
+Front ends raise :class:`APIError`; the app turns it (and any framework or
+unexpected error) into the right status and shape. Nothing a client can send
+should produce a 500.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import msgspec
+from litestar import Request, Response
+from litestar.exceptions import HTTPException
+
+log = logging.getLogger(__name__)
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "overloaded_error",
+}
+
+
+class APIError(Exception):
+    """An error a front end reports to the client."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        type: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type or _TYPES.get(status, "invalid_request_error")
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        """The OpenAI error object."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+def invalid(message: str, param: str | None = None) -> APIError:
+    """A 400 naming the offending field."""
+    return APIError(400, message, param=param, code="invalid_value" if param else None)
+
+
+def from_validation(exc: msgspec.ValidationError | msgspec.DecodeError) -> APIError:
+    """A 400 from msgspec's decode/validation error, naming the JSON path."""
+    text = str(exc)
+    param = None
+    if " - at `$." in text:
+        text, _, path = text.partition(" - at `$.")
+        param = path.rstrip("`")
+        text = f"{text} (at {param})"
+    elif isinstance(exc, msgspec.DecodeError):
+        text = f"the request body is not valid JSON: {text}"
+    return invalid(text, param)
+
+
+def api_error_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    """Litestar exception handler: every error becomes an OpenAI-shaped body."""
+    if isinstance(exc, APIError):
+        err = exc
+    elif isinstance(exc, msgspec.ValidationError | msgspec.DecodeError):
+        err = from_validation(exc)
+    elif isinstance(exc, HTTPException):
+        status = exc.status_code
+        detail = exc.detail if isinstance(exc.detail, str) else str(exc)
+        if status == 413:
+            detail = "the request body is too large"
+        err = APIError(status, detail, headers=dict(exc.headers or {}))
+    else:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        err = APIError(500, f"internal error: {type(exc).__name__}")
+    return Response(content=err.body(), status_code=err.status, headers=err.headers)

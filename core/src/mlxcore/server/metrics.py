@@ -1,0 +1,80 @@
+"""Prometheus metrics for /metrics, on a registry owned by one app (never global)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import mlx.core as mx
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from mlxcore.engine.events import FinishEvent
+
+PREFIX = "mlxcore"
+
+
+class _Live(Collector):
+    """Gauges read at scrape time: engine load, memory, cache and decoder stats."""
+
+    def __init__(self, sample: Callable[[], dict[str, float]]) -> None:
+        self.sample = sample
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        for name, value in sorted(self.sample().items()):
+            yield GaugeMetricFamily(f"{PREFIX}_{name}", name.replace("_", " "), value=value)
+
+
+class Metrics:
+    """Counters and histograms the server updates, plus live gauges."""
+
+    def __init__(self, live: Callable[[], dict[str, float]] | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            f"{PREFIX}_requests", "finished requests", ["finish_reason"], registry=r
+        )
+        self.rejected = Counter(
+            f"{PREFIX}_rejected_requests", "refused requests", ["reason"], registry=r
+        )
+        self.prompt_tokens = Counter(f"{PREFIX}_prompt_tokens", "prompt tokens", registry=r)
+        self.cached_tokens = Counter(
+            f"{PREFIX}_cached_prompt_tokens", "prompt tokens reused", registry=r
+        )
+        self.generated_tokens = Counter(
+            f"{PREFIX}_generation_tokens", "generated tokens", registry=r
+        )
+        self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds", "TTFT", registry=r)
+        self.latency = Histogram(f"{PREFIX}_request_seconds", "request duration", registry=r)
+        if live is not None:
+            r.register(_Live(live))
+
+    def record_finish(self, event: FinishEvent, seconds: float) -> None:
+        """Account for one finished request."""
+        self.requests.labels(finish_reason=event.reason).inc()
+        self.prompt_tokens.inc(event.usage.prompt_tokens)
+        self.cached_tokens.inc(event.usage.cached_tokens)
+        self.generated_tokens.inc(event.usage.completion_tokens)
+        self.latency.observe(seconds)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition."""
+        return generate_latest(self.registry)
+
+
+def memory_gauges() -> dict[str, float]:
+    """MLX memory in bytes: active, peak and cached."""
+    return {
+        "memory_active_bytes": float(mx.get_active_memory()),
+        "memory_peak_bytes": float(mx.get_peak_memory()),
+        "memory_cache_bytes": float(mx.get_cache_memory()),
+    }
+
+
+def engine_gauges(engine: Any) -> dict[str, float]:
+    """Engine load and strategy statistics, flattened to gauges."""
+    stats = engine.stats()
+    out = {k: float(v) for k, v in stats.items() if isinstance(v, int | float)}
+    out.update(memory_gauges())
+    return out

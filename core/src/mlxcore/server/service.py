@@ -1,0 +1,161 @@
+"""The bridge between HTTP front ends and the engine thread.
+
+A front end builds a :class:`~mlxcore.engine.request.GenerationRequest` and an
+:class:`~mlxcore.output.OutputPipeline`, then iterates :meth:`GenerationService.run`
+for :class:`~mlxcore.output.OutputDelta` objects. Events cross from the engine
+thread to the event loop through ``call_soon_threadsafe``; when the consumer
+stops early (client gone, stop string), the engine request is cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from mlxcore.cli.runtime import Runtime
+from mlxcore.engine.engine import EngineOverloaded, RequestRejected
+from mlxcore.engine.events import Event, FinishEvent, RequestHandle, TokenEvent, Usage
+from mlxcore.engine.request import GenerationRequest
+from mlxcore.output import OutputDelta, OutputPipeline
+from mlxcore.parsers.selection import Parsers
+from mlxcore.prompts import render_chat_prompt
+from mlxcore.server.errors import APIError, invalid
+from mlxcore.server.metrics import Metrics
+
+
+@attrs.define
+class Generation:
+    """One running generation as the front end sees it."""
+
+    request: GenerationRequest
+    pipeline: OutputPipeline
+    usage: Usage = attrs.field(factory=Usage)
+    started: float = attrs.field(factory=time.perf_counter)
+    first_token_at: float | None = None
+    handle: RequestHandle | None = None
+
+
+class GenerationService:
+    """Shared services for every front end: prompts, parsers, running generations."""
+
+    def __init__(self, runtime: Runtime, parsers: Parsers, metrics: Metrics) -> None:
+        self.runtime = runtime
+        self.parsers = parsers
+        self.metrics = metrics
+        self.hidden_ids = runtime.info.eos_token_ids
+
+    @property
+    def config(self) -> Any:
+        """The server configuration."""
+        return self.runtime.config
+
+    def chat_prompt(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        template_kwargs: Mapping[str, Any],
+    ) -> tuple[str, list[int]]:
+        """Render and tokenize a chat prompt; template errors become a 400."""
+        try:
+            return render_chat_prompt(
+                self.runtime.tokenizer, messages, tools=tools, **dict(template_kwargs)
+            )
+        except APIError:
+            raise
+        except Exception as exc:
+            raise invalid(
+                f"the chat template could not render these messages: {exc}", "messages"
+            ) from None
+
+    def encode(self, text: str) -> list[int]:
+        """Tokenize raw text (completions)."""
+        ids: list[int] = self.runtime.tokenizer.encode(text)
+        return ids
+
+    def pipeline(
+        self,
+        *,
+        stops: Sequence[str],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        prompt_text: str = "",
+        reasoning: bool = True,
+    ) -> OutputPipeline:
+        """A fresh output pipeline for one request."""
+        return OutputPipeline(
+            self.runtime.tokenizer.detokenizer,
+            hidden_ids=self.hidden_ids,
+            stops=stops,
+            reasoning=self.parsers.reasoning_parser(prompt_text, enabled=reasoning),
+            tools=self.parsers.tool_parser(tools),
+        )
+
+    def start(self, gen: Generation) -> AsyncIterator[OutputDelta]:
+        """Submit ``gen.request`` now and return its output deltas as an async iterator.
+
+        Submitting here, before any response is sent, lets a front end answer 503
+        (queue full) or 400 (cannot be served) with a proper status even for a
+        streaming request. Must be called on the event loop's thread.
+        """
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[Event] = asyncio.Queue()
+
+        def sink(event: Event) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+        try:
+            handle = self.runtime.engine.submit(gen.request, sink)
+        except EngineOverloaded as exc:
+            self.metrics.rejected.labels(reason="overloaded").inc()
+            raise APIError(503, str(exc), headers={"Retry-After": "1"}) from None
+        except RequestRejected as exc:
+            self.metrics.rejected.labels(reason="invalid").inc()
+            raise APIError(
+                400, str(exc), param="messages", code="context_length_exceeded"
+            ) from None
+        gen.handle = handle
+        return self._deltas(gen, handle, events)
+
+    def start_all(self, gens: Sequence[Generation]) -> list[AsyncIterator[OutputDelta]]:
+        """Start several generations (``n`` choices); if one cannot start, cancel the rest."""
+        try:
+            return [self.start(g) for g in gens]
+        except BaseException:
+            for g in gens:
+                if g.handle is not None:
+                    g.handle.cancel()
+            raise
+
+    async def _deltas(
+        self, gen: Generation, handle: RequestHandle, events: asyncio.Queue[Event]
+    ) -> AsyncIterator[OutputDelta]:
+        """Yield deltas until the request finishes; the last one has ``finish_reason``
+        and ``gen.usage`` is final by then. A failure inside generation is a 500."""
+        finished = False
+        try:
+            while True:
+                event = await events.get()
+                if isinstance(event, TokenEvent):
+                    if gen.first_token_at is None:
+                        gen.first_token_at = time.perf_counter()
+                        self.metrics.ttft.observe(gen.first_token_at - gen.started)
+                    delta = gen.pipeline.push(event.tokens)
+                    if gen.pipeline.stop_matched:
+                        handle.cancel("stop")
+                    if delta:
+                        yield delta
+                    continue
+                assert isinstance(event, FinishEvent)
+                finished = True
+                gen.usage = event.usage
+                self.metrics.record_finish(event, time.perf_counter() - gen.started)
+                if event.reason == "error":
+                    raise APIError(500, f"generation failed: {event.error}", type="server_error")
+                yield gen.pipeline.finish(event.reason)
+                return
+        finally:
+            if not finished:
+                handle.cancel("cancelled")
