@@ -7,6 +7,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from mlxcore.config import ServerConfig
 from mlxcore.errors import DuplicateNameError, PluginError, UsageError
 from mlxcore.hooks import PluginHooks
@@ -161,7 +162,7 @@ def test_opt_in_plugins_do_not_autoload_but_load_when_named() -> None:
     assert pm.has_plugin("specprefill")
     statuses = {row.name: row.status for row in plugin_statuses(pm)}
     assert statuses["specprefill"] == "enabled"
-    assert statuses["gemma4"].startswith("installed")
+    assert statuses["qwen35-mtp"].startswith("installed")
 
 
 def test_skeleton_plugin_says_it_is_not_built() -> None:
@@ -236,7 +237,8 @@ def test_routes_hook_collects_handlers(plugin_dir: Path) -> None:
         """,
     )
     routes = load(name).routes(ServerConfig())
-    assert [r.__name__ for r in routes] == ["hello"]
+    assert routes[0].__name__ == "hello"  # plugins come before the built-in OpenAI routes
+    assert len(routes) > 1
 
 
 def test_strategy_selection_prefers_plugin_and_honours_names(plugin_dir: Path) -> None:
@@ -278,3 +280,35 @@ def test_log_level_is_case_insensitive_and_leaves_root_alone() -> None:
     assert logging.getLogger("uvicorn").level == logging.DEBUG
     assert logging.getLogger().level == root_level
     setup_logging("info")
+
+
+REASONING_PLUGIN = """
+    from mlxcore.parsers.base import ReasoningParser, ParsedDelta
+
+    class Bracket(ReasoningParser):
+        name = "bracket"
+        @classmethod
+        def matches(cls, info):
+            return info.template_mentions("[[think]]")
+        def feed(self, text):
+            return ParsedDelta(reasoning=text)
+
+    def mlxcore_reasoning_parsers():
+        return [Bracket]
+"""
+
+
+def test_reasoning_parsers_hook_and_auto_selection(plugin_dir: Path) -> None:
+    from mlxcore.parsers.selection import Parsers
+
+    name = write_plugin(plugin_dir, "reasoning_plugin", REASONING_PLUGIN)
+    hooks = load(name)
+    assert "bracket" in hooks.reasoning_parsers()
+    with_marker = ModelInfo(path=Path("."), model_type="x", chat_template="... [[think]] ...")
+    without = ModelInfo(path=Path("."), model_type="x", chat_template="plain")
+    chosen = Parsers.select(hooks, with_marker, "auto", "auto").reasoning
+    assert chosen is not None and chosen.name == "bracket"
+    assert Parsers.select(hooks, without, "none", "auto").reasoning is None
+    assert Parsers.select(hooks, with_marker, "auto", "none").reasoning is None
+    with pytest.raises(UsageError, match="no such parser"):
+        Parsers.select(hooks, without, "auto", "nope")

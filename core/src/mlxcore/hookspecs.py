@@ -26,8 +26,7 @@ docstring, or is missing from docs/hooks.md, or has no test exercising it.
 
 from __future__ import annotations
 
-import argparse
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from mlxcore import hookspec
 
@@ -44,8 +43,15 @@ if TYPE_CHECKING:
     from mlxcore.parsers.base import ReasoningParser, ToolParser
 
 
+class OptionGroup(Protocol):
+    """What ``mlxcore_addoption`` receives: an argparse argument group."""
+
+    def add_argument(self, *names: str, **kwargs: Any) -> Any:
+        """``argparse``'s ``add_argument``."""
+
+
 @hookspec
-def mlxcore_addoption(parser: argparse._ArgumentGroup) -> None:
+def mlxcore_addoption(parser: OptionGroup) -> None:
     """Add command-line options for this plugin.
 
     When: at start-up, before the command line is parsed, once per plugin. The

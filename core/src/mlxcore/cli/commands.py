@@ -8,12 +8,14 @@ import sys
 import time
 
 import pluggy
+
 from mlxcore.cli.runtime import build_runtime
 from mlxcore.config import ServerConfig
 from mlxcore.engine.events import FinishEvent, TokenEvent
 from mlxcore.engine.request import GenerationRequest, SamplingParams
 from mlxcore.errors import MlxcoreError
 from mlxcore.hooks import PluginHooks
+from mlxcore.output import OutputDelta
 from mlxcore.plugins import plugin_statuses
 from mlxcore.prompts import render_chat_prompt
 
@@ -42,8 +44,12 @@ def list_plugins(pm: pluggy.PluginManager) -> int:
 
 
 def generate(args: argparse.Namespace, config: ServerConfig, hooks: PluginHooks) -> int:
-    """One generation through the engine, streamed to stdout."""
+    """One generation through the engine and the output pipeline, streamed to stdout.
+
+    Reasoning, when the model's parser separates it, goes to stderr.
+    """
     rt = build_runtime(config, hooks)
+    prompt_text = ""
     if args.raw:
         prompt_tokens = rt.tokenizer.encode(args.prompt)
     else:
@@ -51,16 +57,14 @@ def generate(args: argparse.Namespace, config: ServerConfig, hooks: PluginHooks)
         if args.system:
             messages.append({"role": "system", "content": args.system})
         messages.append({"role": "user", "content": args.prompt})
-        _, prompt_tokens = render_chat_prompt(rt.tokenizer, messages)
+        prompt_text, prompt_tokens = render_chat_prompt(rt.tokenizer, messages)
     request = GenerationRequest(
         prompt_tokens=tuple(prompt_tokens),
         max_tokens=args.max_tokens,
         sampling=SamplingParams(temperature=args.temperature, seed=args.seed),
         request_id="cli",
     )
-    detok = rt.tokenizer.detokenizer
-    detok.reset()
-    eos = rt.info.eos_token_ids
+    pipeline = rt.pipeline(prompt_text=prompt_text)
     start = time.perf_counter()
     first_at: float | None = None
     finish: FinishEvent | None = None
@@ -68,17 +72,15 @@ def generate(args: argparse.Namespace, config: ServerConfig, hooks: PluginHooks)
         for event in rt.engine.stream(request):
             if isinstance(event, TokenEvent):
                 first_at = first_at or time.perf_counter()
-                for tok in event.tokens:
-                    if tok.token not in eos:
-                        detok.add_token(tok.token)
-                sys.stdout.write(detok.last_segment)
-                sys.stdout.flush()
+                _show(pipeline.push(event.tokens))
+                if pipeline.stop_matched:
+                    break
             else:
                 finish = event
+                _show(pipeline.finish(event.reason))
     finally:
         rt.engine.shutdown()
-    detok.finalize()
-    sys.stdout.write(detok.last_segment + "\n")
+    sys.stdout.write("\n")
     if finish is None or finish.reason == "error":
         raise MlxcoreError(f"generation failed: {finish.error if finish else 'no result'}")
     elapsed = time.perf_counter() - (first_at or start)
@@ -92,6 +94,17 @@ def generate(args: argparse.Namespace, config: ServerConfig, hooks: PluginHooks)
         (n - 1) / elapsed if n > 1 and elapsed > 0 else 0.0,
     )
     return 0
+
+
+def _show(delta: OutputDelta) -> None:
+    if delta.reasoning:
+        sys.stderr.write(delta.reasoning)
+        sys.stderr.flush()
+    if delta.content:
+        sys.stdout.write(delta.content)
+    for call in delta.tool_calls:
+        sys.stdout.write(f"\n[tool call] {call.name}({call.arguments})")
+    sys.stdout.flush()
 
 
 def serve(config: ServerConfig, hooks: PluginHooks) -> int:

@@ -12,6 +12,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
+from mlxcore.bench.options import add_bench_options
 from mlxcore.cli import options
 from mlxcore.config import ServerConfig
 from mlxcore.errors import MlxcoreError
@@ -20,7 +21,7 @@ from mlxcore.plugins import PluginSelection, create_plugin_manager, load_plugins
 
 log = logging.getLogger("mlxcore.cli")
 
-MODEL_COMMANDS = ("serve", "generate")
+MODEL_COMMANDS = ("serve", "generate", "bench")
 
 
 def build_parser(hooks: PluginHooks | None) -> tuple[argparse.ArgumentParser, set[str]]:
@@ -60,6 +61,12 @@ def build_parser(hooks: PluginHooks | None) -> tuple[argparse.ArgumentParser, se
     gen.add_argument("--seed", type=int, default=None, help="random seed for sampling")
     gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
     core_dests.update(a.dest for a in gen._actions)
+    add(
+        "bench",
+        "measure decode speed, concurrency and prefix caching: mlx-lm in-process vs mlxcore HTTP",
+        options.add_model_options,
+        add_bench_options,
+    )
     add("plugins", "list installed plugins: name, distribution, version, hooks, status")
     if hooks is not None:
         for cmd in (serve, gen):
@@ -125,4 +132,8 @@ def _run_model_command(args: argparse.Namespace, config: ServerConfig, hooks: Pl
 
     if args.command == "generate":
         return commands.generate(args, config, hooks)
+    if args.command == "bench":
+        from mlxcore.bench import run_bench
+
+        return run_bench(args, config)
     return commands.serve(config, hooks)

@@ -7,13 +7,17 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
+
 from mlxcore.config import ServerConfig
 from mlxcore.engine.engine import Engine
 from mlxcore.hooks import PluginHooks
 from mlxcore.model_info import ModelInfo
+from mlxcore.output import OutputPipeline
+from mlxcore.parsers.selection import Parsers
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +32,24 @@ class Runtime:
     engine: Engine
     hooks: PluginHooks
     config: ServerConfig
+    parsers: Parsers
+
+    def pipeline(
+        self,
+        *,
+        stops: Sequence[str] = (),
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        prompt_text: str = "",
+        reasoning: bool = True,
+    ) -> OutputPipeline:
+        """A fresh output pipeline for one request, with this model's parsers."""
+        return OutputPipeline(
+            self.tokenizer.detokenizer,
+            hidden_ids=self.info.eos_token_ids,
+            stops=stops,
+            reasoning=self.parsers.reasoning_parser(prompt_text, enabled=reasoning),
+            tools=self.parsers.tool_parser(tools),
+        )
 
 
 def resolve_model_path(model_arg: str | None) -> tuple[str, Any]:
@@ -43,11 +65,13 @@ def resolve_model_path(model_arg: str | None) -> tuple[str, Any]:
 
 
 def build_runtime(config: ServerConfig, hooks: PluginHooks) -> Runtime:
-    """Load the model, let plugins patch it, and build the engine (not yet started)."""
+    """Load the model, let plugins patch it, choose parsers, and build the engine
+    (not yet started)."""
     from mlxcore.models.loader import load_model
 
     _, resolved = resolve_model_path(config.model)
     loaded = load_model(resolved)
     hooks.patch_model(loaded.model, loaded.info, config)
+    parsers = Parsers.select(hooks, loaded.info, config.tool_call_parser, config.reasoning_parser)
     engine = Engine(loaded.model, loaded.info, hooks, config)
-    return Runtime(loaded.model, loaded.tokenizer, loaded.info, engine, hooks, config)
+    return Runtime(loaded.model, loaded.tokenizer, loaded.info, engine, hooks, config, parsers)

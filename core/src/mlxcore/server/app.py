@@ -20,7 +20,6 @@ from litestar.handlers import HTTPRouteHandler
 from mlxcore.cli.runtime import Runtime
 from mlxcore.errors import PluginError
 from mlxcore.hooks import PluginHooks
-from mlxcore.parsers.selection import Parsers
 from mlxcore.server.errors import APIError, api_error_handler
 from mlxcore.server.metrics import Metrics, engine_gauges
 from mlxcore.server.service import GenerationService
@@ -88,8 +87,7 @@ def _check_unique_paths(handlers: list[Any]) -> None:
 def create_app(runtime: Runtime, hooks: PluginHooks) -> Litestar:
     """Build the app around a runtime (the engine is started and stopped with the app)."""
     config = runtime.config
-    parsers = Parsers.select(hooks, runtime.info, config.tool_call_parser, config.reasoning_parser)
-    service = GenerationService(runtime, parsers, Metrics(lambda: engine_gauges(runtime.engine)))
+    service = GenerationService(runtime, Metrics(lambda: engine_gauges(runtime.engine)))
     handlers = [health, metrics, *hooks.routes(config)]
     _check_unique_paths(handlers)
 

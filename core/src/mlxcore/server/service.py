@@ -21,10 +21,12 @@ from mlxcore.engine.engine import EngineOverloaded, RequestRejected
 from mlxcore.engine.events import Event, FinishEvent, RequestHandle, TokenEvent, Usage
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.output import OutputDelta, OutputPipeline
-from mlxcore.parsers.selection import Parsers
 from mlxcore.prompts import render_chat_prompt
 from mlxcore.server.errors import APIError, invalid
 from mlxcore.server.metrics import Metrics
+
+CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "n_positions", "seq_length")
+"""``config.json`` keys that give a model's context length, most common first."""
 
 
 @attrs.define
@@ -42,16 +44,31 @@ class Generation:
 class GenerationService:
     """Shared services for every front end: prompts, parsers, running generations."""
 
-    def __init__(self, runtime: Runtime, parsers: Parsers, metrics: Metrics) -> None:
+    def __init__(self, runtime: Runtime, metrics: Metrics) -> None:
         self.runtime = runtime
-        self.parsers = parsers
         self.metrics = metrics
-        self.hidden_ids = runtime.info.eos_token_ids
 
     @property
     def config(self) -> Any:
         """The server configuration."""
         return self.runtime.config
+
+    @property
+    def context_length(self) -> int | None:
+        """The most tokens a sequence may hold: ``--max-model-len``, else the model's own
+        limit from ``config.json`` (also its ``text_config``), else ``None``."""
+        limit: int | None = self.config.max_model_len
+        if limit is not None:
+            return limit
+        config = self.runtime.info.config
+        for section in (config, config.get("text_config")):
+            if not isinstance(section, dict):
+                continue
+            for key in CONTEXT_KEYS:
+                value = section.get(key)
+                if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                    return value
+        return None
 
     def chat_prompt(
         self,
@@ -76,22 +93,9 @@ class GenerationService:
         ids: list[int] = self.runtime.tokenizer.encode(text)
         return ids
 
-    def pipeline(
-        self,
-        *,
-        stops: Sequence[str],
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        prompt_text: str = "",
-        reasoning: bool = True,
-    ) -> OutputPipeline:
-        """A fresh output pipeline for one request."""
-        return OutputPipeline(
-            self.runtime.tokenizer.detokenizer,
-            hidden_ids=self.hidden_ids,
-            stops=stops,
-            reasoning=self.parsers.reasoning_parser(prompt_text, enabled=reasoning),
-            tools=self.parsers.tool_parser(tools),
-        )
+    def pipeline(self, **kwargs: Any) -> OutputPipeline:
+        """A fresh output pipeline for one request (see :meth:`Runtime.pipeline`)."""
+        return self.runtime.pipeline(**kwargs)
 
     def start(self, gen: Generation) -> AsyncIterator[OutputDelta]:
         """Submit ``gen.request`` now and return its output deltas as an async iterator.
@@ -103,8 +107,15 @@ class GenerationService:
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
 
+        def deliver(event: Event) -> None:
+            # Accounted here, not by the consumer: a request whose client went away
+            # (cancelled) still counts as finished.
+            if isinstance(event, FinishEvent):
+                self.metrics.record_finish(event, time.perf_counter() - gen.started)
+            events.put_nowait(event)
+
         def sink(event: Event) -> None:
-            loop.call_soon_threadsafe(events.put_nowait, event)
+            loop.call_soon_threadsafe(deliver, event)
 
         try:
             handle = self.runtime.engine.submit(gen.request, sink)
@@ -151,7 +162,6 @@ class GenerationService:
                 assert isinstance(event, FinishEvent)
                 finished = True
                 gen.usage = event.usage
-                self.metrics.record_finish(event, time.perf_counter() - gen.started)
                 if event.reason == "error":
                     raise APIError(500, f"generation failed: {event.error}", type="server_error")
                 yield gen.pipeline.finish(event.reason)

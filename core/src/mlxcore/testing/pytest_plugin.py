@@ -1,0 +1,58 @@
+"""The ``mlxcore`` pytest plugin: fixtures that hand out small real models.
+
+Registered through the ``pytest11`` entry point, so any project that installs mlxcore
+(plugin authors included) gets these fixtures without a ``conftest.py``:
+
+``mlxcore_model_factory``
+    session-scoped; :func:`mlxcore.testing.build_test_model` bound to the shared cache
+    (``$MLXCORE_TEST_MODELS`` or ``$MLXCORE_HOME/test-models``), so models built in one
+    run are reused by the next. Call it as ``factory("qwen3", seed=1, num_hidden_layers=3)``.
+``tiny_llama``, ``tiny_qwen3``, ``tiny_qwen3_5``, ``tiny_gemma4``
+    session-scoped paths of the default tiny model of each family.
+
+This module is imported in every pytest run: it must stay cheap (mlx is imported only
+when a fixture builds a model).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+ModelFactory = Callable[..., Path]
+"""``(arch, *, seed=0, size="tiny", **config_overrides) -> Path``."""
+
+
+@pytest.fixture(scope="session")
+def mlxcore_model_factory() -> ModelFactory:
+    """``build_test_model`` bound to the persistent test-model cache."""
+    from mlxcore.testing.models import build_test_model, default_test_models_root
+
+    return functools.partial(build_test_model, root=default_test_models_root())
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(mlxcore_model_factory: ModelFactory) -> Path:
+    """Tiny Llama model with the Qwen3 tokenizer and the ChatML (Qwen2.5) template."""
+    return mlxcore_model_factory("llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(mlxcore_model_factory: ModelFactory) -> Path:
+    """Tiny Qwen3 model with the Qwen3 tokenizer and template."""
+    return mlxcore_model_factory("qwen3")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_5(mlxcore_model_factory: ModelFactory) -> Path:
+    """Tiny Qwen3.5 hybrid (GatedDeltaNet + attention) model whose checkpoint has ``mtp.*``."""
+    return mlxcore_model_factory("qwen3_5")
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma4(mlxcore_model_factory: ModelFactory) -> Path:
+    """Tiny Gemma 4 text model with the Gemma 4 special tokens and template."""
+    return mlxcore_model_factory("gemma4_text")

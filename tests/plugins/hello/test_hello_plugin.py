@@ -1,0 +1,285 @@
+"""The example third-party plugin in examples/hello-plugin, installed for real.
+
+A module fixture builds and installs the distribution into the running environment
+(as a user would), and uninstalls it afterwards; the tests then go through entry-point
+discovery, the ``mlxcore`` command and the plugin facade exactly as a user's plugin
+would.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib
+import importlib.metadata as md
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mlxcore.cli.main import build_parser
+from mlxcore.cli.options import config_from_args
+from mlxcore.errors import UsageError
+from mlxcore.hooks import PluginHooks
+from mlxcore.model_info import ModelInfo
+from mlxcore.parsers import ParsedDelta, ToolParser
+from mlxcore.plugins import PluginSelection, create_plugin_manager, load_plugins
+
+REPO = Path(__file__).resolve().parents[3]
+EXAMPLE = REPO / "examples" / "hello-plugin"
+DIST = "mlxcore-hello"
+PLUGIN_ENV = ("MLXCORE_PLUGINS", "MLXCORE_DISABLE_PLUGIN_AUTOLOAD")
+
+
+def installer() -> list[str]:
+    """The repository's uv, else uv on PATH, else this interpreter's pip."""
+    bundled = REPO / ".tools" / "uv" / "bin" / "uv"
+    uv = str(bundled) if bundled.exists() else shutil.which("uv")
+    if uv is not None:
+        return [uv, "pip"]
+    return [sys.executable, "-m", "pip"]
+
+
+def run_installer(action: str) -> None:
+    """``install`` (a fresh build of the example) or ``uninstall`` it, in this venv."""
+    cmd = installer()
+    if cmd[0] != sys.executable:  # uv: name the venv, rebuild even if a build is cached
+        target = ["--python", sys.executable]
+        args = {
+            "install": [*cmd, "install", *target, "--reinstall-package", DIST, str(EXAMPLE)],
+            "uninstall": [*cmd, "uninstall", *target, DIST],
+        }[action]
+    else:
+        args = {
+            "install": [*cmd, "install", "--force-reinstall", "--no-deps", str(EXAMPLE)],
+            "uninstall": [*cmd, "uninstall", "-y", DIST],
+        }[action]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"{' '.join(args)} failed:\n{done.stderr}"
+
+
+@pytest.fixture(scope="module")
+def hello_installed() -> Iterator[None]:
+    """mlxcore-hello installed in the running venv for this module's tests.
+
+    Test processes sharing the venv (pytest-xdist workers) hold a shared lock while
+    they use the plugin; only the last one to finish uninstalls it.
+    """
+    key = hashlib.sha1(sys.prefix.encode()).hexdigest()[:12]
+    lock_path = Path(tempfile.gettempdir()) / f"mlxcore-hello-test-{key}.lock"
+    with lock_path.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        run_installer("install")
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        importlib.invalidate_caches()
+        try:
+            yield
+        finally:
+            sys.modules.pop("mlxcore_hello", None)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pass  # another test process still uses the plugin and will uninstall it
+            else:
+                run_installer("uninstall")
+            importlib.invalidate_caches()
+
+
+@pytest.fixture
+def hello_hooks(hello_installed: None) -> PluginHooks:
+    """A plugin facade with built-ins and the hello plugin (enabled by name)."""
+    pm = create_plugin_manager()
+    load_plugins(pm, PluginSelection(enable=("hello",), autoload=False))
+    return PluginHooks(pm)
+
+
+@pytest.fixture
+def parser_cls(hello_hooks: PluginHooks) -> type[ToolParser]:
+    """The parser class the installed plugin registers under ``hello``."""
+    return hello_hooks.tool_parsers().get("hello")
+
+
+def mlxcore(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run the ``mlxcore`` command with this interpreter, plugin env vars cleared."""
+    env = {k: v for k, v in os.environ.items() if k not in PLUGIN_ENV}
+    return subprocess.run(
+        [sys.executable, "-m", "mlxcore", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+def plugins_row(output: str, name: str) -> dict[str, str]:
+    """The row of ``mlxcore plugins`` for plugin ``name``."""
+    for line in output.splitlines():
+        found = re.match(rf"{re.escape(name)}\s+(\S+)\s+(\S+)\s+(.+?)\s{{2,}}(.*)$", line)
+        if found:
+            keys = ("distribution", "version", "status", "hooks")
+            return dict(zip(keys, found.groups(), strict=True))
+    raise AssertionError(f"no row for {name!r} in:\n{output}")
+
+
+class RecordList(logging.Handler):
+    """Keeps the messages logged to the logger it is attached to.
+
+    (``caplog`` listens on the root logger, which mlxcore's loggers may not reach
+    once the CLI has set up logging in this process.)
+    """
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def run_parser(cls: type[ToolParser], pieces: list[str]) -> tuple[str, list[tuple[str, str]]]:
+    """Feed ``pieces`` to a fresh parser, then finish; (content, [(name, arguments)])."""
+    parser = cls()
+    total = ParsedDelta()
+    for piece in pieces:
+        total.extend(parser.feed(piece))
+    total.extend(parser.finish())
+    return total.content, [(call.name, call.arguments) for call in total.tool_calls]
+
+
+def both_ways(cls: type[ToolParser], text: str) -> tuple[str, list[tuple[str, str]]]:
+    """Parse ``text`` whole and one character at a time; assert both agree."""
+    whole = cls().parse(text)
+    result = whole.content, [(call.name, call.arguments) for call in whole.tool_calls]
+    assert run_parser(cls, list(text)) == result
+    return result
+
+
+# -- discovery and the command line ---------------------------------------------------
+
+
+def test_plugins_command_lists_hello_as_opt_in(hello_installed: None) -> None:
+    version = tomllib.loads((EXAMPLE / "pyproject.toml").read_text())["project"]["version"]
+    assert md.version(DIST) == version
+    done = mlxcore("plugins")
+    assert done.returncode == 0, done.stderr
+    row = plugins_row(done.stdout, "hello")
+    assert row["distribution"] == DIST
+    assert row["version"] == version
+    assert row["status"] == "installed (enable with --plugin)"
+    assert {"addoption", "configure", "tool_parsers"} <= set(row["hooks"].split(", "))
+
+
+def test_plugins_command_shows_hello_enabled_when_named(hello_installed: None) -> None:
+    done = mlxcore("plugins", "--plugin", "hello")
+    assert done.returncode == 0, done.stderr
+    assert plugins_row(done.stdout, "hello")["status"] == "enabled"
+
+
+def test_option_appears_in_help_only_when_enabled(hello_installed: None) -> None:
+    enabled = mlxcore("generate", "--help", "--plugin", "hello")
+    assert enabled.returncode == 0, enabled.stderr
+    assert "plugin hello" in enabled.stdout
+    assert "--hello-greeting" in enabled.stdout
+    default = mlxcore("generate", "--help")
+    assert default.returncode == 0, default.stderr
+    assert "--hello-greeting" not in default.stdout
+
+
+def test_autoload_skips_opt_in_plugin(hello_installed: None) -> None:
+    pm = create_plugin_manager()
+    load_plugins(pm, PluginSelection(autoload=True))
+    assert not pm.has_plugin("hello")
+    assert "hello" not in PluginHooks(pm).tool_parsers()
+
+
+def test_enabled_plugin_registers_installed_parser(hello_hooks: PluginHooks) -> None:
+    registry = hello_hooks.tool_parsers()
+    assert "hello" in registry
+    assert registry.entry("hello").plugin == "hello"
+    module = sys.modules[registry.get("hello").__module__]
+    assert module.__name__ == "mlxcore_hello"
+    purelib = Path(sysconfig.get_paths()["purelib"]).resolve()
+    assert Path(module.__file__ or "").resolve().is_relative_to(purelib)
+
+
+def test_option_flows_to_configure(hello_hooks: PluginHooks) -> None:
+    parser, core_dests = build_parser(hello_hooks)
+    args = parser.parse_args(["generate", "-p", "hi", "--hello-greeting", "good morning"])
+    config = config_from_args(args, core_dests)
+    assert config.option("hello_greeting") == "good morning"
+
+    logger = logging.getLogger("mlxcore.plugins.hello")
+    handler = RecordList()
+    logger.addHandler(handler)
+    old_level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        hello_hooks.configure(config)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+    assert any(m.startswith("good morning from the hello plugin") for m in handler.messages)
+
+    empty = config_from_args(
+        parser.parse_args(["generate", "-p", "x", "--hello-greeting", ""]), core_dests
+    )
+    with pytest.raises(UsageError, match="--hello-greeting"):
+        hello_hooks.configure(empty)
+
+
+# -- the parser -------------------------------------------------------------------------
+
+
+def test_parses_call_whole_and_char_by_char(parser_cls: type[ToolParser]) -> None:
+    text = 'Sure. <<call get_weather {"city": "Paris", "days": [1, 2]}>> Done.'
+    assert both_ways(parser_cls, text) == (
+        "Sure.  Done.",
+        [("get_weather", '{"city": "Paris", "days": [1, 2]}')],
+    )
+
+
+def test_several_calls_and_markers_inside_json(parser_cls: type[ToolParser]) -> None:
+    text = 'a<<call f {"s": "x>>y"}>>b<<call g {"n": {"m": 1}} >>'
+    assert both_ways(parser_cls, text) == ("ab", [("f", '{"s": "x>>y"}'), ("g", '{"n": {"m": 1}}')])
+
+
+def test_holds_back_only_undecided_text(parser_cls: type[ToolParser]) -> None:
+    parser = parser_cls()
+    assert parser.feed("a < b, then <").content == "a < b, then "
+    assert not parser.feed("<ca")
+    assert not parser.feed('ll f {"x"')
+    delta = parser.feed(": 1}>> ok <<car")
+    assert [(c.name, c.arguments) for c in delta.tool_calls] == [("f", '{"x": 1}')]
+    assert delta.content == " ok <<car"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '<<call f {"a": 1',  # unfinished: the generation stopped inside the call
+        "<<call get_w",  # unfinished header
+        "trailing <<ca",  # unfinished marker
+        "<<call f {not json}>> and more",  # malformed arguments
+        "<<call 42 {}>>",  # malformed name
+        "<<caller said hi>>",  # not a call at all
+        "<<call f [1]>>",  # arguments must be an object
+    ],
+)
+def test_malformed_or_unfinished_call_is_content(parser_cls: type[ToolParser], text: str) -> None:
+    assert both_ways(parser_cls, text) == (text, [])
+
+
+def test_matches_templates_that_mention_the_format(parser_cls: type[ToolParser]) -> None:
+    template = "{% if tools %}Call a tool as <<call NAME {json}>>.{% endif %}"
+    assert parser_cls.matches(ModelInfo(path=EXAMPLE, model_type="llama", chat_template=template))
+    assert not parser_cls.matches(ModelInfo(path=EXAMPLE, model_type="llama", chat_template="x"))
+    assert not parser_cls.matches(ModelInfo(path=EXAMPLE, model_type="llama"))
