@@ -1,6 +1,6 @@
-"""Built-in plugin: the default strategies (chunked prefill, plain batched decode,
-LRU prefix cache). Registered like any plugin, offered last, so a plugin's own
-strategy for a model takes precedence.
+"""Built-in plugin: the default strategies (chunked prefill, plain batched decode
+from :mod:`mlxcore.builtin.decoder`, LRU prefix cache). Registered like any
+plugin, offered last, so a plugin's own strategy for a model takes precedence.
 """
 
 from __future__ import annotations
@@ -18,20 +18,18 @@ from mlx_lm.models.cache import (
 )
 
 from mlxcore import hookimpl
+from mlxcore.builtin.decoder import PlainDecoder
 from mlxcore.config import ServerConfig
-from mlxcore.engine.sampling import token_with_logprobs
 from mlxcore.engine.strategies import (
     CacheLookup,
     CacheStats,
     CacheStrategy,
     Decoder,
-    DecodeSequence,
     LayerCache,
     PrefillGenerator,
     PrefillResult,
     PrefillStrategy,
     PrefillTask,
-    StepToken,
 )
 from mlxcore.errors import UsageError
 from mlxcore.model_info import ModelInfo
@@ -59,101 +57,6 @@ class ChunkedPrefill(PrefillStrategy):
             yield done
         logits = self.model(tokens[:, body:], cache=task.cache)[:, -1, :]
         return PrefillResult(logits=logits)
-
-
-class PlainDecoder(Decoder):
-    """One token per sequence per step, all sequences in one batched forward pass.
-
-    Each sequence's own cache is merged into mlx-lm's batch caches
-    (``BatchKVCache`` / ``ArraysCache``) when it joins, and extracted back when it
-    leaves.
-    """
-
-    name = "plain"
-
-    def __init__(self, model: Any) -> None:
-        self.model = model
-        self.seqs: list[DecodeSequence] = []
-        self.cache: LayerCache = []
-        self._joining: list[DecodeSequence] = []
-
-    def __len__(self) -> int:
-        return len(self.seqs) + len(self._joining)
-
-    def add(self, seq: DecodeSequence) -> None:
-        self._joining.append(seq)
-
-    def _merge_joining(self) -> None:
-        if not self._joining:
-            return
-        new = [
-            layer.merge([s.cache[i] for s in self._joining])
-            for i, layer in enumerate(self._joining[0].cache)
-        ]
-        if self.cache:
-            for mine, theirs in zip(self.cache, new, strict=True):
-                mine.extend(theirs)
-        else:
-            self.cache = new
-        for s in self._joining:
-            s.cache = []  # the batch cache owns the state now
-        self.seqs.extend(self._joining)
-        self._joining = []
-
-    def remove(self, uid: int) -> LayerCache | None:
-        for i, s in enumerate(self._joining):
-            if s.uid == uid:
-                del self._joining[i]
-                return s.cache
-        idx = next((i for i, s in enumerate(self.seqs) if s.uid == uid), None)
-        if idx is None:
-            return None
-        own = [layer.extract(idx) for layer in self.cache]
-        keep = [i for i in range(len(self.seqs)) if i != idx]
-        del self.seqs[idx]
-        if keep:
-            for layer in self.cache:
-                layer.filter(keep)
-        else:
-            self.cache = []
-        return own
-
-    def step(self) -> dict[int, list[StepToken]]:
-        self._merge_joining()
-        if not self.seqs:
-            return {}
-        inputs = mx.array([s.next_token for s in self.seqs])[:, None]
-        logits = self.model(inputs, cache=self.cache)[:, -1, :]
-        if any(s.logits_processors for s in self.seqs):
-            rows = []
-            for i, s in enumerate(self.seqs):
-                row = logits[i : i + 1]
-                if s.logits_processors:
-                    context = mx.array(s.tokens)
-                    for proc in s.logits_processors:
-                        row = proc(context, row)
-                rows.append(row)
-            logits = mx.concatenate(rows, axis=0)
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        samplers = [s.sampler for s in self.seqs]
-        if all(sp is samplers[0] for sp in samplers):
-            sampled = samplers[0](logprobs)
-        else:
-            sampled = mx.concatenate(
-                [sp(logprobs[i : i + 1]) for i, sp in enumerate(samplers)], axis=0
-            )
-        mx.eval(sampled)
-        tokens: list[int] = sampled.tolist()
-        out: dict[int, list[StepToken]] = {}
-        for i, (s, tok) in enumerate(zip(self.seqs, tokens, strict=True)):
-            s.tokens.append(tok)
-            s.next_token = tok
-            out[s.uid] = [
-                token_with_logprobs(tok, logprobs[i], s.request.sampling.top_logprobs)
-                if s.request.sampling.logprobs
-                else StepToken(tok)
-            ]
-        return out
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmg]?i?b)?\s*$", re.IGNORECASE)

@@ -31,6 +31,7 @@ from mlxcore.engine.strategies import (
     PrefillGenerator,
     PrefillTask,
     Sampler,
+    SequenceCache,
     StepToken,
 )
 from mlxcore.errors import MlxcoreError
@@ -264,7 +265,7 @@ class Engine:
         live.prefill = None
         live.seq = seq
         if self._emit(live, [first]):
-            self._retire(live, seq.cache)
+            self._retire(live, SequenceCache(seq.cache, len(seq.tokens) - 1))
         else:
             self.decoder.add(seq)
 
@@ -327,15 +328,11 @@ class Engine:
             if live.prefill is None and live.handle.cancel_reason is not None:
                 self._retire(live, self.decoder.remove(uid))
 
-    def _retire(self, live: _Live, cache: Any) -> None:
-        """Finish ``live``; offer its cache for prefix reuse.
-
-        The cache holds every token of the sequence but the newest one, which was
-        sampled and never fed back to the model.
-        """
-        if cache is not None and live.seq is not None and live.reusable:
+    def _retire(self, live: _Live, own: SequenceCache | None) -> None:
+        """Finish ``live``; offer its cache for prefix reuse."""
+        if own is not None and live.seq is not None and live.reusable and own.length > 0:
             try:
-                self.cache.store(live.seq.tokens[:-1], cache)
+                self.cache.store(live.seq.tokens[: own.length], own.cache)
             except Exception:
                 log.exception("cache strategy %s failed to store a prefix", self.cache.name)
         self._finish(live, live.handle.cancel_reason or "stop")

@@ -173,8 +173,9 @@ class DecodeSequence:
         request: the generation request.
         cache: per-layer cache holding the prompt (and any tokens decoded so far,
             except ``next_token``).
-        tokens: every token so far (prompt then generated), the context that
-            penalties look at; ``next_token`` is its last element.
+        tokens: every token decided so far (prompt then generated), the context
+            that penalties look at; ``next_token`` is its last element. The decoder
+            appends the tokens it reports.
         next_token: the latest sampled token, not yet fed to the model.
         sampler: draws the next token from log-probabilities.
         logits_processors: applied to the logits before sampling, in order.
@@ -189,10 +190,25 @@ class DecodeSequence:
     logits_processors: list[LogitsProcessor] = attrs.field(factory=list)
 
 
+@attrs.define
+class SequenceCache:
+    """A sequence's own cache as the decoder gives it back.
+
+    Attributes:
+        cache: the per-layer cache.
+        length: how many leading tokens of ``seq.tokens`` the cache holds.
+    """
+
+    cache: LayerCache
+    length: int
+
+
 class Decoder(abc.ABC):
     """Owns the running batch and produces tokens for it, step by step.
 
-    A plain decoder emits one token per sequence per step. A speculative decoder
+    A plain decoder emits one token per sequence per step (a pipelined one may
+    report a sequence's tokens one step after computing them, so a step can
+    return nothing for a sequence that just joined). A speculative decoder
     proposes several, verifies them in one forward pass and rolls back what it
     rejects, per sequence; it must also serve sequences whose request turned
     speculation off (``request.options["speculative"] is False``).
@@ -205,13 +221,13 @@ class Decoder(abc.ABC):
         """Add a prefilled sequence to the running batch (between steps)."""
 
     @abc.abstractmethod
-    def remove(self, uid: int) -> LayerCache | None:
-        """Take a sequence out of the batch; return its own cache, holding the
-        state of ``seq.tokens`` minus the last token, or ``None`` if unavailable."""
+    def remove(self, uid: int) -> SequenceCache | None:
+        """Take a sequence out of the batch; return its own cache (and how many of
+        its tokens that cache holds), or ``None`` if unavailable."""
 
     @abc.abstractmethod
     def step(self) -> dict[int, list[StepToken]]:
-        """Advance every sequence; return the new tokens per uid (at least one each)."""
+        """Advance the batch; return the newly decided tokens per uid."""
 
     @abc.abstractmethod
     def __len__(self) -> int:

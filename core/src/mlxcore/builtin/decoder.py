@@ -1,0 +1,164 @@
+"""The default decoder: plain batched decoding, pipelined like ``mlx_lm.generate``.
+
+Each step launches the forward pass for the tokens sampled in the previous step
+(still lazy arrays) and only then materialises those tokens, so Python's
+per-step work overlaps with MLX's computation. A sequence's tokens are
+therefore reported one step after they were sampled, and a sequence that just
+joined gets nothing from its first step.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import mlx.core as mx
+
+from mlxcore.engine.sampling import token_with_logprobs
+from mlxcore.engine.strategies import (
+    Decoder,
+    DecodeSequence,
+    LayerCache,
+    SequenceCache,
+    StepToken,
+)
+
+
+@attrs.define(eq=False)
+class _Slot:
+    """A sequence in the batch and its in-flight (sampled, unreported) token."""
+
+    seq: DecodeSequence
+    fed: int
+    """How many of ``seq.tokens`` the batch cache holds."""
+    in_flight: bool = False
+    """True when a sampled token for this sequence is waiting in ``_pending``."""
+
+
+class PlainDecoder(Decoder):
+    """One token per sequence per step, all sequences in one forward pass.
+
+    A joining sequence's own cache is merged into mlx-lm's batch caches
+    (``BatchKVCache``, ``ArraysCache``, ...) and extracted back when it leaves.
+    """
+
+    name = "plain"
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.slots: list[_Slot] = []
+        self.cache: LayerCache = []
+        self._joining: list[DecodeSequence] = []
+        self._pending: Any = None  # lazy (B,) tokens sampled last step
+        self._pending_logprobs: Any = None  # lazy (B, vocab) or None
+
+    def __len__(self) -> int:
+        return len(self.slots) + len(self._joining)
+
+    def add(self, seq: DecodeSequence) -> None:
+        self._joining.append(seq)
+
+    def remove(self, uid: int) -> SequenceCache | None:
+        for i, seq in enumerate(self._joining):
+            if seq.uid == uid:
+                del self._joining[i]
+                return SequenceCache(seq.cache, len(seq.tokens) - 1)
+        idx = next((i for i, s in enumerate(self.slots) if s.seq.uid == uid), None)
+        if idx is None:
+            return None
+        slot = self.slots[idx]
+        own = SequenceCache([layer.extract(idx) for layer in self.cache], slot.fed)
+        keep = [i for i in range(len(self.slots)) if i != idx]
+        del self.slots[idx]
+        if keep:
+            for layer in self.cache:
+                layer.filter(keep)
+            keep_idx = mx.array(keep)
+            if self._pending is not None:
+                self._pending = self._pending[keep_idx]
+            if self._pending_logprobs is not None:
+                self._pending_logprobs = self._pending_logprobs[keep_idx]
+        else:
+            self.cache = []
+            self._pending = self._pending_logprobs = None
+        return own
+
+    def _merge_joining(self) -> None:
+        """Move joining sequences into the batch cache (their first token is known)."""
+        if not self._joining:
+            return
+        joining, self._joining = self._joining, []
+        first_cache = joining[0].cache
+        new = [layer.merge([s.cache[i] for s in joining]) for i, layer in enumerate(first_cache)]
+        if self.cache:
+            for mine, theirs in zip(self.cache, new, strict=True):
+                mine.extend(theirs)
+        else:
+            self.cache = new
+        known = mx.array([s.next_token for s in joining])
+        if self._pending is None:
+            self._pending = known
+        else:
+            self._pending = mx.concatenate([self._pending, known])
+        if self._pending_logprobs is not None:
+            # joining sequences have no unreported logprobs; pad with zeros
+            pad = mx.zeros((len(joining), self._pending_logprobs.shape[-1]))
+            self._pending_logprobs = mx.concatenate([self._pending_logprobs, pad])
+        for seq in joining:
+            seq.cache = []  # the batch cache owns the state now
+            self.slots.append(_Slot(seq, fed=len(seq.tokens) - 1))
+
+    def step(self) -> dict[int, list[StepToken]]:
+        self._merge_joining()
+        if not self.slots:
+            return {}
+        inputs, input_logprobs = self._pending, self._pending_logprobs
+        logits = self.model(inputs[:, None], cache=self.cache)[:, -1, :]
+        logits = self._process(logits, inputs)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        self._pending = self._sample(logprobs)
+        wants = any(s.seq.request.sampling.logprobs for s in self.slots)
+        self._pending_logprobs = logprobs if wants else None
+        mx.async_eval(self._pending, *([logprobs] if wants else []))
+        return self._report(inputs, input_logprobs)
+
+    def _process(self, logits: Any, inputs: Any) -> Any:
+        if not any(s.seq.logits_processors for s in self.slots):
+            return logits
+        rows = []
+        for i, slot in enumerate(self.slots):
+            row = logits[i : i + 1]
+            if slot.seq.logits_processors:
+                context = mx.array(slot.seq.tokens)
+                if slot.in_flight:
+                    context = mx.concatenate([context, inputs[i : i + 1]])
+                for proc in slot.seq.logits_processors:
+                    row = proc(context, row)
+            rows.append(row)
+        return mx.concatenate(rows, axis=0)
+
+    def _sample(self, logprobs: Any) -> Any:
+        samplers = [s.seq.sampler for s in self.slots]
+        if all(sp is samplers[0] for sp in samplers):
+            return samplers[0](logprobs)
+        return mx.concatenate([sp(logprobs[i : i + 1]) for i, sp in enumerate(samplers)], axis=0)
+
+    def _report(self, inputs: Any, input_logprobs: Any) -> dict[int, list[StepToken]]:
+        """Materialise the tokens fed this step; report those not reported before."""
+        tokens: list[int] = inputs.tolist()
+        out: dict[int, list[StepToken]] = {}
+        for i, (slot, tok) in enumerate(zip(self.slots, tokens, strict=True)):
+            slot.fed += 1
+            if slot.in_flight:
+                seq = slot.seq
+                seq.tokens.append(tok)
+                seq.next_token = tok
+                sampling = seq.request.sampling
+                if sampling.logprobs and input_logprobs is not None:
+                    out[seq.uid] = [
+                        token_with_logprobs(tok, input_logprobs[i], sampling.top_logprobs)
+                    ]
+                else:
+                    out[seq.uid] = [StepToken(tok)]
+            slot.in_flight = True
+        return out
