@@ -279,3 +279,12 @@ def test_prompt_longer_than_context_is_rejected(tiny_llama: Path) -> None:
 def test_mx_is_not_touched_by_the_caller_thread(llama_rt: Runtime) -> None:
     # the engine runs generation on its own stream; the default stream stays usable here
     assert mx.array([1, 2]).sum().item() == 3
+
+
+def test_request_that_cannot_fit_in_memory_is_rejected(llama_rt: Runtime) -> None:
+    from mlxcore.engine.engine import RequestRejected
+
+    fits = llama_rt.engine.memory.max_context()
+    assert fits is not None and fits > 1000
+    with pytest.raises(RequestRejected, match="memory"):
+        llama_rt.engine.submit(GenerationRequest((1, 2, 3), fits + 10), lambda e: None)

@@ -27,6 +27,9 @@ class ModelInfo:
         source: what the user asked for (a path, a repo id, a GGUF file).
         weight_keys: names of every tensor in the checkpoint's safetensors files, including
             ones the mlx-lm model class does not load (e.g. ``mtp.*``).
+        tokenizer: the loaded tokenizer (mlx-lm's ``TokenizerWrapper``), for plugins
+            that need the vocabulary (constrained decoding, parsers); ``None`` in
+            tests that build a ``ModelInfo`` by hand.
     """
 
     path: Path
@@ -37,6 +40,7 @@ class ModelInfo:
     eos_token_ids: frozenset[int] = frozenset()
     source: str = ""
     weight_keys: frozenset[str] = attrs.field(default=frozenset(), repr=False)
+    tokenizer: Any = attrs.field(default=None, repr=False, eq=False)
 
     def has_token(self, text: str) -> bool:
         """True when ``text`` is a single token of the vocabulary."""

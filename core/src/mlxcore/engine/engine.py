@@ -23,6 +23,7 @@ import mlx.core as mx
 
 from mlxcore.config import ServerConfig
 from mlxcore.engine.events import Event, EventSink, FinishEvent, RequestHandle, TokenEvent, Usage
+from mlxcore.engine.memory import MemoryBudget
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.sampling import make_processors, make_sampler, token_with_logprobs
 from mlxcore.engine.strategies import (
@@ -87,6 +88,7 @@ class Engine:
         self.info = info
         self.hooks = hooks
         self.config = config
+        self.memory = MemoryBudget.for_model(model, config.gpu_memory_utilization)
         self.cache = hooks.cache_strategy(model, info, config)
         self.prefill = hooks.prefill_strategy(model, info, config)
         self.decoder = hooks.decoder(model, info, config)
@@ -176,6 +178,12 @@ class Engine:
             raise RequestRejected(
                 f"prompt ({n} tokens) plus max_tokens ({request.max_tokens}) exceeds the "
                 f"model's context length of {limit} tokens"
+            )
+        fits = self.memory.max_context()
+        if fits is not None and n + request.max_tokens > fits:
+            raise RequestRejected(
+                f"prompt ({n} tokens) plus max_tokens ({request.max_tokens}) needs more memory "
+                f"than this server has: at most {fits} tokens of context fit"
             )
 
     # -- engine thread ----------------------------------------------------

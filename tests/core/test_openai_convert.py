@@ -1,0 +1,97 @@
+"""Request normalisation and validation for the OpenAI front end."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlxcore.builtin.openai import convert
+from mlxcore.builtin.openai.schemas import ChatCompletionRequest, Message
+from mlxcore.server.errors import APIError
+
+
+def msgs(*pairs: tuple[str, object]) -> list[Message]:
+    return [Message(role=r, content=c) for r, c in pairs]  # type: ignore[arg-type]
+
+
+def test_developer_becomes_system_and_systems_are_hoisted_and_merged() -> None:
+    out = convert.normalize_messages(
+        msgs(("user", "hi"), ("developer", "be brief"), ("system", "no emojis"))
+    )
+    assert out[0] == {"role": "system", "content": "be brief\n\nno emojis"}
+    assert out[1] == {"role": "user", "content": "hi"}
+
+
+def test_consecutive_user_messages_are_merged_and_parts_flattened() -> None:
+    parts = [{"type": "text", "text": "part one"}, {"type": "text", "text": "part two"}]
+    out = convert.normalize_messages(msgs(("user", "first"), ("user", parts)))
+    assert out == [{"role": "user", "content": "first\n\npart one\npart two"}]
+
+
+def test_tool_call_arguments_become_mappings_for_templates() -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    out = convert.normalize_messages(
+        [
+            Message(role="user", content="q"),
+            Message(role="assistant", content=None, tool_calls=[call]),
+            Message(role="tool", content="42", tool_call_id="c1"),
+        ]
+    )
+    assert out[1]["tool_calls"][0]["function"]["arguments"] == {"a": 1}
+    assert out[2] == {"role": "tool", "content": "42", "tool_call_id": "c1"}
+
+
+@pytest.mark.parametrize(
+    ("messages", "param"),
+    [
+        ([], "messages"),
+        (msgs(("wizard", "x")), "messages[0].role"),
+        (
+            msgs(("user", [{"type": "image_url", "image_url": {"url": "x"}}])),
+            "messages[0].content[0].type",
+        ),
+    ],
+)
+def test_bad_messages_name_the_field(messages: list[Message], param: str) -> None:
+    with pytest.raises(APIError) as err:
+        convert.normalize_messages(messages)
+    assert err.value.status == 400 and err.value.param == param
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("temperature", 3.0),
+        ("top_p", 0.0),
+        ("top_k", -5),
+        ("n", 0),
+        ("presence_penalty", 9.0),
+        ("logit_bias", {"abc": 1.0}),
+        ("logit_bias", {"99999999": 1.0}),
+        ("seed", 2**70),
+    ],
+)
+def test_sampling_values_out_of_range_name_the_field(field: str, value: object) -> None:
+    body = ChatCompletionRequest(messages=msgs(("user", "x")), **{field: value})  # type: ignore[arg-type]
+    with pytest.raises(APIError) as err:
+        convert.sampling_params(body, vocab_size=1000, logprobs=False, top_logprobs=0)
+    assert err.value.param == field
+
+
+def test_sampling_defaults_follow_openai() -> None:
+    body = ChatCompletionRequest(messages=msgs(("user", "x")), seed=-1, logit_bias={"5": -100})
+    params = convert.sampling_params(body, vocab_size=1000, logprobs=True, top_logprobs=2)
+    assert params.temperature == 1.0 and params.top_p == 1.0
+    assert params.seed == 2**64 - 1
+    assert params.logit_bias == {5: -100.0}
+    assert params.logprobs and params.top_logprobs == 2
+
+
+def test_max_tokens_and_stops() -> None:
+    assert convert.max_tokens(None, 512, 100) == 100
+    with pytest.raises(APIError):
+        convert.max_tokens(0, 512, None)
+    with pytest.raises(APIError):
+        convert.max_tokens(10**30, 512, 4096)
+    assert convert.stop_strings("x") == ["x"]
+    with pytest.raises(APIError):
+        convert.stop_strings(["s"] * 17)
