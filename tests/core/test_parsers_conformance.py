@@ -1,0 +1,415 @@
+"""The built-in parsers (hermes, qwen3_coder, think) through the conformance kit.
+
+Every case is checked parsed whole, by character, in random pieces and token by
+token with the real Qwen3 tokenizer. The texts marked "official" are exactly
+what the official chat templates render (checked in test_parsers_templates.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mlxcore.parsers.qwen import HermesToolParser, Qwen3CoderToolParser
+from mlxcore.parsers.think import ThinkReasoningParser
+from mlxcore.testing.conformance import (
+    DEFAULT_TOOLS,
+    Case,
+    ParserConformance,
+    find_chat_template,
+    last_turn,
+    loaded_test_model,
+    render_chat,
+)
+
+SHARED_TEMPLATES = Path("/work/shared/assets/chat-templates")
+
+
+@pytest.fixture(scope="session")
+def qwen3_tokenizer() -> Any:
+    """The real Qwen3 tokenizer (``<tool_call>``, ``<think>`` are single tokens)."""
+    return loaded_test_model("qwen3").tokenizer
+
+
+TYPED_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "typed",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "i": {"type": "integer"},
+                    "n": {"type": "number"},
+                    "b": {"type": "boolean"},
+                    "z": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+                    "arr": {"type": "array", "items": {"type": "integer"}},
+                    "obj": {"type": "object"},
+                    "u": {"anyOf": [{"type": "integer"}, {"type": "string"}]},
+                    "s": {"type": "string"},
+                    "e": {"enum": ["a", "b"]},
+                    "t": {"type": ["integer", "null"]},
+                },
+            },
+        },
+    }
+]
+
+WEATHER = "get_weather"
+PARIS = {"city": "Paris", "days": 3}
+
+# Official Qwen3 / Qwen2.5 renderings (Qwen-Qwen3-0.6B.jinja, Qwen-Qwen2.5-7B-Instruct.jinja).
+HERMES_TWO_CALLS = (
+    "Let me check.\n<tool_call>\n"
+    '{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "search", "arguments": {"query": "Rome hotels", "limit": 5}}\n'
+    "</tool_call>"
+)
+# Official Qwen3-Coder / Qwen3.5 rendering (Qwen3-Coder.jinja, Qwen3.5-4B.jinja).
+XML_TWO_CALLS = (
+    "Let me check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+    "</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>\n"
+    "<tool_call>\n<function=search>\n<parameter=query>\nRome hotels\n</parameter>\n"
+    "<parameter=limit>\n5\n</parameter>\n</function>\n</tool_call>"
+)
+TWO_CALLS = [(WEATHER, PARIS), ("search", {"query": "Rome hotels", "limit": 5})]
+
+
+@pytest.mark.parametrize(
+    ("name", "literal"),
+    [
+        ("Qwen-Qwen2.5-7B-Instruct.jinja", HERMES_TWO_CALLS),
+        ("Qwen3-Coder.jinja", XML_TWO_CALLS),
+        ("Qwen3.5-4B.jinja", "<think>\n\n</think>\n\n" + XML_TWO_CALLS),
+        ("Qwen-Qwen3-0.6B.jinja", "<think>\n\n</think>\n\n" + HERMES_TWO_CALLS),
+    ],
+)
+def test_conformance_texts_are_the_official_renderings(name: str, literal: str) -> None:
+    text = find_chat_template(name, extra_dirs=[SHARED_TEMPLATES])
+    if text is None:
+        pytest.skip(f"chat template {name} not available")
+    calls = [{"type": "function", "function": {"name": n, "arguments": a}} for n, a in TWO_CALLS]
+    messages = [
+        {"role": "user", "content": "Weather in Paris, and hotels in Rome?"},
+        {"role": "assistant", "content": "Let me check.", "tool_calls": calls},
+    ]
+    rendered = render_chat(text, messages, tools=list(DEFAULT_TOOLS))
+    assert last_turn(rendered, "<|im_start|>assistant\n", "<|im_end|>") == literal
+
+
+COMMON_CASES = [
+    Case("plain", "Just an answer.", content="Just an answer."),
+    Case(
+        "truncated-mid-call",
+        'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"ci',
+        content='Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"ci',
+    ),
+    Case(
+        "truncated-after-opener",
+        "Sure.\n<tool_call>",
+        content="Sure.\n<tool_call>",
+    ),
+    Case(
+        "prefix-at-end-returned",
+        "Look: <tool_ca",
+        content="Look: <tool_ca",
+    ),
+    Case(
+        "markup-mentioned-in-prose",
+        "Wrap calls in <tool_call> tags.",
+        content="Wrap calls in <tool_call> tags.",
+    ),
+    Case("stray-closer-dropped", "Done.\n</tool_call>", content="Done."),
+    Case(
+        "degraded-calling-tool",
+        'Checking.\n[Calling tool: get_weather({"city": "Oslo"})]',
+        content="Checking.",
+        calls=[(WEATHER, {"city": "Oslo"})],
+    ),
+    Case(
+        "degraded-calling-tool-unknown-name",
+        '[Calling tool: delete_all({"x": 1})] ok',
+        content='[Calling tool: delete_all({"x": 1})] ok',
+    ),
+    Case(
+        "degraded-calling-tool-no-args",
+        "[Calling tool=search()]",
+        calls=[("search", {})],
+    ),
+    Case(
+        "degraded-json-line",
+        'I will search.\n{"name": "search", "arguments": {"query": "mlx"}}\n',
+        content="I will search.",
+        calls=[("search", {"query": "mlx"})],
+    ),
+    Case(
+        "degraded-json-line-unknown-name",
+        '{"name": "rm", "arguments": {"path": "/"}}',
+        content='{"name": "rm", "arguments": {"path": "/"}}',
+    ),
+    Case(
+        "degraded-json-not-alone-on-line",
+        'Example: {"name": "search", "arguments": {"query": "x"}} is a call.',
+        content='Example: {"name": "search", "arguments": {"query": "x"}} is a call.',
+    ),
+    Case(
+        "degraded-json-line-with-text-after",
+        '{"name": "search", "arguments": {"query": "x"}} and more',
+        content='{"name": "search", "arguments": {"query": "x"}} and more',
+    ),
+    Case(
+        "degraded-unwrapped-function",
+        "<function=get_weather>\n<parameter=city>\nLima\n</parameter>\n</function>",
+        calls=[(WEATHER, {"city": "Lima"})],
+    ),
+    Case(
+        "degraded-unwrapped-function-unknown",
+        "<function=nope>\n<parameter=a>\n1\n</parameter>\n</function>",
+        content="<function=nope>\n<parameter=a>\n1\n</parameter>\n</function>",
+    ),
+    Case(
+        "no-tools-no-degraded-recovery",
+        '[Calling tool: get_weather({"city": "Oslo"})]',
+        content='[Calling tool: get_weather({"city": "Oslo"})]',
+        tools=[],
+    ),
+    Case(
+        "text-around-a-call-keeps-a-separator",
+        'Before.\n<tool_call>\n{"name": "search", "arguments": {"query": "q"}}\n</tool_call>\n'
+        "After.",
+        content="Before.\nAfter.",
+        calls=[("search", {"query": "q"})],
+    ),
+]
+
+
+class TestHermesConformance(ParserConformance):
+    """``hermes``: Qwen/Hermes JSON in ``<tool_call>``."""
+
+    parser_class = HermesToolParser
+    tokenizer_fixture = "qwen3_tokenizer"
+    MARKERS = ("<tool_call>", "</tool_call>", "<function=", "[Calling tool", '{"name"')
+    CASES = [
+        *COMMON_CASES,
+        Case("official-two-calls", HERMES_TWO_CALLS, content="Let me check.", calls=TWO_CALLS),
+        Case(
+            "official-qwen3-call-after-empty-think",
+            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n'
+            "</tool_call>",
+            calls=[(WEATHER, PARIS)],
+        ),
+        Case(
+            "arguments-as-json-string",
+            '<tool_call>\n{"name": "get_weather", "arguments": "{\\"city\\": \\"Nice\\"}"}\n'
+            "</tool_call>",
+            calls=[(WEATHER, {"city": "Nice"})],
+        ),
+        Case(
+            "parameters-key-and-unicode",
+            '<tool_call>{"name": "get_weather", "parameters": {"city": "Zürich 🌧"}}</tool_call>',
+            calls=[(WEATHER, {"city": "Zürich 🌧"})],
+        ),
+        Case(
+            "string-number-typed-by-schema",
+            '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo", "days": "2"}}'
+            "</tool_call>",
+            calls=[(WEATHER, {"city": "Oslo", "days": 2})],
+        ),
+        Case(
+            "several-objects-in-one-block",
+            '<tool_call>\n{"name": "search", "arguments": {"query": "a"}}\n'
+            '{"name": "search", "arguments": {"query": "b"}}\n</tool_call>',
+            calls=[("search", {"query": "a"}), ("search", {"query": "b"})],
+        ),
+        Case(
+            "undeclared-tool-name-still-a-call",
+            '<tool_call>{"name": "other", "arguments": {}}</tool_call>',
+            calls=[("other", {})],
+        ),
+        Case(
+            "broken-json-returned-as-content",
+            'A\n<tool_call>\n{"name": "search", "arguments": {"query": }\n</tool_call>\nB',
+            content='A\n<tool_call>\n{"name": "search", "arguments": {"query": }\n</tool_call>\nB',
+        ),
+        Case(
+            "broken-block-then-good-block",
+            '<tool_call>{"name": <tool_call>{"name": "search", "arguments": {"query": "z"}}'
+            "</tool_call>",
+            content='<tool_call>{"name":',
+            calls=[("search", {"query": "z"})],
+        ),
+        Case(
+            "complete-call-missing-closer-at-end",
+            '<tool_call>\n{"name": "search", "arguments": {"query": "end"}}\n',
+            calls=[("search", {"query": "end"})],
+        ),
+        Case(
+            "xml-body-accepted-too",
+            "<tool_call>\n<function=get_weather>\n<parameter=days>\n4\n</parameter>\n"
+            "</function>\n</tool_call>",
+            calls=[(WEATHER, {"days": 4})],
+        ),
+    ]
+
+
+class TestQwen3CoderConformance(ParserConformance):
+    """``qwen3_coder``: XML in ``<tool_call>``, values typed by the schema."""
+
+    parser_class = Qwen3CoderToolParser
+    tokenizer_fixture = "qwen3_tokenizer"
+    MARKERS = ("<tool_call>", "</tool_call>", "<function=", "[Calling tool", '{"name"')
+    CASES = [
+        *COMMON_CASES,
+        Case("official-two-calls", XML_TWO_CALLS, content="Let me check.", calls=TWO_CALLS),
+        Case(
+            "every-schema-type",
+            "<tool_call>\n<function=typed>\n"
+            + "".join(
+                f"<parameter={k}>\n{v}\n</parameter>\n"
+                for k, v in [
+                    ("i", "42"),
+                    ("n", "1.5"),
+                    ("b", "true"),
+                    ("z", "null"),
+                    ("arr", "[1, 2, 3]"),
+                    ("obj", '{"k": {"deep": [true, null]}}'),
+                    ("u", "not a number"),
+                    ("s", "007"),
+                    ("e", "b"),
+                    ("t", "null"),
+                ]
+            )
+            + "</function>\n</tool_call>",
+            calls=[
+                (
+                    "typed",
+                    {
+                        "i": 42,
+                        "n": 1.5,
+                        "b": True,
+                        "z": None,
+                        "arr": [1, 2, 3],
+                        "obj": {"k": {"deep": [True, None]}},
+                        "u": "not a number",
+                        "s": "007",
+                        "e": "b",
+                        "t": None,
+                    },
+                )
+            ],
+            tools=TYPED_TOOLS,
+        ),
+        Case(
+            "values-that-do-not-fit-stay-text",
+            "<tool_call>\n<function=typed>\n<parameter=i>\n4.5\n</parameter>\n"
+            "<parameter=b>\nmaybe\n</parameter>\n<parameter=s>\nnull\n</parameter>\n"
+            "<parameter=extra>\n{not: json}\n</parameter>\n</function>\n</tool_call>",
+            calls=[("typed", {"i": "4.5", "b": "maybe", "s": "null", "extra": "{not: json}"})],
+            tools=TYPED_TOOLS,
+        ),
+        Case(
+            "multi-line-string-kept-exactly",
+            "<tool_call>\n<function=search>\n<parameter=query>\n  line one\n\n  line two\n"
+            "</parameter>\n</function>\n</tool_call>",
+            calls=[("search", {"query": "  line one\n\n  line two"})],
+        ),
+        Case(
+            "missing-parameter-closers",
+            "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n"
+            "<parameter=days>\n3\n</function>\n</tool_call>",
+            calls=[(WEATHER, PARIS)],
+        ),
+        Case(
+            "truncated-mid-parameter",
+            "<tool_call>\n<function=get_weather>\n<parameter=city>\nPar",
+            content="<tool_call>\n<function=get_weather>\n<parameter=city>\nPar",
+        ),
+        Case(
+            "junk-inside-block-is-content",
+            "<tool_call>\nI am not XML\n</tool_call>",
+            content="<tool_call>\nI am not XML\n</tool_call>",
+        ),
+        Case(
+            "json-body-accepted-too",
+            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n'
+            "</tool_call>",
+            calls=[(WEATHER, PARIS)],
+        ),
+    ]
+
+
+class TestThinkConformance(ParserConformance):
+    """``think``: ``<think>...</think>``."""
+
+    parser_class = ThinkReasoningParser
+    tokenizer_fixture = "qwen3_tokenizer"
+    MARKERS = ("<think>", "</think>")
+    PROMPTS = [
+        ("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n", True),
+        ("<|im_start|>assistant\n<think>\n\n</think>\n\n", False),
+        ("<|im_start|>user\nwhat is <think>?<|im_end|>\n<|im_start|>assistant\n", False),
+        ("]~b]user\nhi[e~[\n]~b]ai\n<think>\n", True),
+        ("", False),
+    ]
+    CASES = [
+        Case(
+            "qwen3-think-then-answer",
+            "<think>\nThe user greets me.\n</think>\n\nHello!",
+            content="Hello!",
+            reasoning="The user greets me.",
+        ),
+        Case(
+            "prompt-opened-think",
+            "Plan: answer briefly.\n</think>\n\nHi.",
+            content="Hi.",
+            reasoning="Plan: answer briefly.",
+            starts_in_reasoning=True,
+        ),
+        Case("no-tags-is-content", "Plain answer\n", content="Plain answer\n"),
+        Case(
+            "prompt-opened-never-closed-is-reasoning",
+            "Still thinking when max_tokens hit",
+            reasoning="Still thinking when max_tokens hit",
+            starts_in_reasoning=True,
+        ),
+        Case(
+            "explicit-open-never-closed-is-reasoning",
+            "<think>\nhalfway",
+            reasoning="halfway",
+        ),
+        Case("empty-think", "<think>\n\n</think>\n\nOK", content="OK"),
+        Case("stray-close-dropped", "a</think>b", content="ab"),
+        Case(
+            "multi-line-reasoning-kept",
+            "<think>\nstep 1\n\nstep 2\n</think>\nanswer",
+            content="answer",
+            reasoning="step 1\n\nstep 2",
+        ),
+        Case(
+            "tool-call-ends-unclosed-reasoning",
+            "I should look it up.\n\n<tool_call>\n{}\n</tool_call>",
+            content="<tool_call>\n{}\n</tool_call>",
+            reasoning="I should look it up.",
+            starts_in_reasoning=True,
+        ),
+        Case(
+            "tool-call-tag-mentioned-mid-line-stays-reasoning",
+            "Use the <tool_call> format.\n</think>\nDone",
+            content="Done",
+            reasoning="Use the <tool_call> format.",
+            starts_in_reasoning=True,
+        ),
+        Case(
+            "repeated-open-dropped",
+            "<think>a<think>b</think>c",
+            content="c",
+            reasoning="ab",
+        ),
+        Case(
+            "partial-close-at-end-stays-reasoning",
+            "<think>\nx </thi",
+            reasoning="x </thi",
+        ),
+    ]
