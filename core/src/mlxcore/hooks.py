@@ -9,7 +9,6 @@ that refuse duplicate names.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 import pluggy
@@ -17,7 +16,7 @@ import pluggy
 from mlxcore.config import ServerConfig
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.strategies import CacheStrategy, Decoder, LogitsProcessor, PrefillStrategy
-from mlxcore.errors import DuplicateNameError, PluginError, UsageError
+from mlxcore.errors import PluginError, UsageError
 from mlxcore.model_info import ModelInfo
 from mlxcore.parsers.base import ReasoningParser, ToolParser
 from mlxcore.registry import Registry
@@ -138,18 +137,3 @@ class PluginHooks:
         for _, items in self._call_each("mlxcore_logits_processors", request=request, info=info):
             out.extend(items)
         return out
-
-
-def make_factory(registry: Registry[T]) -> Callable[[str], T]:
-    """A ``name -> item`` lookup raising :class:`UsageError` for unknown names."""
-
-    def get(name: str) -> T:
-        try:
-            return registry.get(name)
-        except KeyError as exc:
-            raise UsageError(str(exc.args[0])) from None
-
-    return get
-
-
-__all__ = ["DuplicateNameError", "PluginHooks", "make_factory"]
