@@ -288,3 +288,16 @@ def test_request_that_cannot_fit_in_memory_is_rejected(llama_rt: Runtime) -> Non
     assert fits is not None and fits > 1000
     with pytest.raises(RequestRejected, match="memory"):
         llama_rt.engine.submit(GenerationRequest((1, 2, 3), fits + 10), lambda e: None)
+
+
+def test_scripted_test_plugin_makes_a_real_model_write_text(tiny_qwen3: Path) -> None:
+    rt = make_runtime(tiny_qwen3, "mlxcore.testing.scripted")
+    try:
+        script = "<think>plan</think>Sure: 42"
+        req = GenerationRequest(ids(rt, "hello"), 50, options={"test_script": script})
+        tokens, finish = run(rt, req)
+        assert finish.reason == "stop"
+        assert rt.tokenizer.decode(tokens[:-1]) == script
+        assert tokens[-1] in rt.info.eos_token_ids
+    finally:
+        rt.engine.shutdown()

@@ -1,0 +1,48 @@
+"""A test plugin that makes a real model write a given text.
+
+Small test models have random weights, so they never produce a tool call or a
+thinking block on their own. Enabled with ``--plugin mlxcore.testing.scripted``,
+this plugin adds a logits processor to any request whose body carries
+``"test_script": "<text>"``: it forces the tokens of that text, one per step,
+then the end-of-sequence token. Everything else is the real path: the real
+model runs every forward pass, the engine batches and samples, and the output
+pipeline parses what comes out, streaming and non-streaming.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+
+from mlxcore import hookimpl
+from mlxcore.engine.request import GenerationRequest
+from mlxcore.model_info import ModelInfo
+
+OPTION = "test_script"
+
+
+class ScriptProcessor:
+    """Forces ``script`` token by token after the prompt, then EOS forever."""
+
+    def __init__(self, script: list[int], prompt_length: int, eos: int) -> None:
+        self.script = script
+        self.prompt_length = prompt_length
+        self.eos = eos
+
+    def __call__(self, tokens: Any, logits: Any) -> Any:
+        position = int(tokens.shape[-1]) - self.prompt_length
+        target = self.script[position] if 0 <= position < len(self.script) else self.eos
+        forced = mx.full(logits.shape, -1e9, dtype=logits.dtype)
+        return forced.at[..., target].add(1e9 + 1.0)
+
+
+@hookimpl
+def mlxcore_logits_processors(request: GenerationRequest, info: ModelInfo) -> list[Any] | None:
+    """Force the request's ``test_script`` text, if it has one."""
+    text = request.options.get(OPTION)
+    if not isinstance(text, str) or info.tokenizer is None:
+        return None
+    script = list(info.tokenizer.encode(text, add_special_tokens=False))
+    eos = min(info.eos_token_ids) if info.eos_token_ids else 0
+    return [ScriptProcessor(script, len(request.prompt_tokens), eos)]
