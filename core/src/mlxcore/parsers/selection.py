@@ -61,10 +61,19 @@ class Parsers:
             return None
         return self.tool(tools)
 
-    def reasoning_parser(self, prompt_text: str, *, enabled: bool = True) -> ReasoningParser | None:
+    def reasoning_parser(self, prompt_text: str) -> ReasoningParser | None:
         """A fresh reasoning parser for one request, told whether the prompt opened
-        a reasoning block."""
-        if self.reasoning is None or not enabled:
+        a reasoning block. Created even when the request turned thinking off, so a
+        model that thinks anyway has its reasoning separated, not leaked."""
+        if self.reasoning is None:
             return None
         opened = self.reasoning.prompt_opens_reasoning(prompt_text)
         return self.reasoning(starts_in_reasoning=opened)
+
+    def control_ids(self, vocab: Mapping[str, int]) -> frozenset[int]:
+        """Token ids of the chosen parsers' pure-markup control tokens, never shown."""
+        names = [
+            *(self.tool.control_tokens if self.tool else ()),
+            *(self.reasoning.control_tokens if self.reasoning else ()),
+        ]
+        return frozenset(vocab[n] for n in names if n in vocab)

@@ -44,6 +44,7 @@ _LAZY = {
     "default_test_models_root": "mlxcore.testing.models",
     "model_cache_key": "mlxcore.testing.models",
     "read_manifest": "mlxcore.testing.models",
+    "ParserConformance": "mlxcore.testing.conformance",
 }
 
 __all__ = [

@@ -1,21 +1,15 @@
 """Parser conformance kit: one list of cases, checked every way a parser is fed.
 
-A parser must give the same answer whether the output arrives at once or in
-pieces, so every :class:`Case` is checked
-
-* ``whole``  - one :meth:`parse` call;
-* ``chars``  - fed one character at a time;
-* ``random`` - fed in random pieces (seeded, several splits);
-* ``tokens`` - fed token by token through a real tokenizer's streaming
-  detokenizer, exactly as the server does (when a tokenizer is given);
-
-and all must give the expected content, reasoning and tool calls (names and
-parsed arguments; call ids excepted). Generic checks every parser must pass come
-with it: plain text passes through unchanged and is not held back for long; a
-possible markup start is held back mid-stream and returned by ``finish``; a
-fresh parser finishes empty; tool-call arguments are JSON objects.
-
-Use it from pytest by subclassing :class:`ParserConformance`::
+A parser must answer the same whether output arrives at once or in pieces, so
+every :class:`Case` is checked in each of :data:`MODES`: ``whole`` (one
+``parse``), ``chars`` (one character at a time), ``random`` (seeded random
+pieces) and ``tokens`` (token by token through a real tokenizer's streaming
+detokenizer, as the server does), against the expected content, reasoning and
+tool calls (names and parsed arguments; ids excepted). Generic checks come
+with it: plain text passes through unchanged and is not held back long; an
+incomplete marker is held back mid-stream and returned by ``finish``; a fresh
+parser finishes empty; tool-call arguments are JSON objects. Subclass
+:class:`ParserConformance` in a pytest ``Test*`` class::
 
     from mlxcore.testing.conformance import Case, ParserConformance
 
@@ -27,8 +21,8 @@ Use it from pytest by subclassing :class:`ParserConformance`::
             Case("truncated", "Hi<call>f(", content="Hi<call>f("),
         ]
 
-Every case becomes one test per feeding mode (``test_conformance_case[one-call-chars]``).
-Without pytest, :func:`check_case` does the same for one case and mode.
+Each case becomes one test per mode (``test_conformance_case[one-call-chars]``);
+:func:`check_case` does the same without pytest.
 """
 
 from __future__ import annotations
@@ -48,34 +42,28 @@ from mlxcore.parsers.base import ParsedDelta, ReasoningParser, ToolParser
 MODES = ("whole", "chars", "random", "tokens")
 """The feeding modes every case is checked in."""
 
+
+def tool(name: str, description: str = "", **properties: Any) -> dict[str, Any]:
+    """An OpenAI function tool whose parameters have these property schemas::
+
+    tool("get_weather", city={"type": "string"}, days={"type": "integer"})
+    """
+    params = {"type": "object", "properties": properties}
+    return {
+        "type": "function",
+        "function": {"name": name, "description": description, "parameters": params},
+    }
+
+
 DEFAULT_TOOLS: tuple[dict[str, Any], ...] = (
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Current weather in a city.",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "city": {"type": "string"},
-                    "days": {"type": "integer"},
-                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-                },
-                "required": ["city"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "search",
-            "description": "Search the web.",
-            "parameters": {
-                "type": "object",
-                "properties": {"query": {"type": "string"}, "limit": {"type": "number"}},
-            },
-        },
-    },
+    tool(
+        "get_weather",
+        "Current weather in a city.",
+        city={"type": "string"},
+        days={"type": "integer"},
+        unit={"type": "string", "enum": ["celsius", "fahrenheit"]},
+    ),
+    tool("search", "Search the web.", query={"type": "string"}, limit={"type": "number"}),
 )
 """Tools given to tool parsers when a case names none."""
 
@@ -99,18 +87,11 @@ Outcome = tuple[str, str, list[tuple[str, Any]]]
 
 @attrs.frozen
 class Case:
-    """One input and what every feeding of it must give.
-
-    Attributes:
-        id: the test id.
-        text: the generated text (exactly what the model wrote).
-        content: the expected content.
-        reasoning: the expected reasoning.
-        calls: the expected tool calls, ``(name, arguments)`` with arguments as
-            parsed values (``{"days": 3}``, not ``'{"days": 3}'``).
-        tools: the request's tools for a tool parser (``None``: the class's ``TOOLS``).
-        starts_in_reasoning: for a reasoning parser, the prompt opened the block.
-    """
+    """One input (``text``, exactly what the model wrote) and the expected
+    ``content``, ``reasoning`` and ``calls`` (``(name, arguments)``, arguments as
+    parsed values: ``{"days": 3}``). ``tools``: the request's tools for a tool
+    parser (``None``: the class's ``TOOLS``); ``starts_in_reasoning``: for a
+    reasoning parser, the prompt opened the block."""
 
     id: str
     text: str
@@ -131,16 +112,11 @@ ParserFactory = Callable[[Case], Parser]
 
 def outcome(delta: ParsedDelta) -> Outcome:
     """``delta`` as a comparable outcome; raises if a call's arguments are not a JSON object."""
-    calls = []
-    ids = set()
-    for call in delta.tool_calls:
-        args = json.loads(call.arguments)
-        if not isinstance(args, dict):
-            raise AssertionError(f"tool call {call.name!r} arguments are not an object: {args!r}")
-        if not call.id or call.id in ids:
-            raise AssertionError(f"tool call ids must be unique and non-empty: {call.id!r}")
-        ids.add(call.id)
-        calls.append((call.name, args))
+    calls = [(call.name, json.loads(call.arguments)) for call in delta.tool_calls]
+    bad = [args for _, args in calls if not isinstance(args, dict)]
+    assert not bad, f"tool call arguments must be JSON objects: {bad!r}"
+    ids = [call.id for call in delta.tool_calls]
+    assert all(ids) and len(set(ids)) == len(ids), f"tool call ids must be unique: {ids}"
     return delta.content, delta.reasoning, calls
 
 
@@ -195,29 +171,12 @@ def run_pipeline(
 
     pipe = OutputPipeline(tokenizer.detokenizer, reasoning=reasoning, tools=tools)
     steps = [pipe.push([StepToken(t)]) for t in tokenizer.encode(text, add_special_tokens=False)]
-    total = pipe.finish(engine_reason)
-    for step in reversed(steps):
-        total.content = step.content + total.content
-        total.reasoning = step.reasoning + total.reasoning
-        total.tool_calls[:0] = step.tool_calls
+    steps.append(pipe.finish(engine_reason))
+    total = steps[-1]
+    total.content = "".join(s.content for s in steps)
+    total.reasoning = "".join(s.reasoning for s in steps)
+    total.tool_calls = [c for s in steps for c in s.tool_calls]
     return total
-
-
-def pieces_for(
-    text: str, mode: str, *, seed: int = 0, tokenizer: Any = None, split: int = 0
-) -> list[str]:
-    """The pieces ``text`` is fed in for ``mode`` (``split``: which random split)."""
-    if mode == "whole":
-        return [text]
-    if mode == "chars":
-        return list(text)
-    if mode == "random":
-        return split_random(text, random.Random(f"{seed}:{split}:{text}"))
-    if mode == "tokens":
-        if tokenizer is None:
-            raise ValueError("mode 'tokens' needs a tokenizer")
-        return split_tokens(text, tokenizer)
-    raise ValueError(f"unknown mode {mode!r} (known: {', '.join(MODES)})")
 
 
 def check_case(
@@ -238,9 +197,15 @@ def check_case(
     if mode == "whole":
         _compare(outcome(factory(case).parse(case.text)), expected, case, mode)
         return
-    rounds = random_splits if mode == "random" else 1
-    for split in range(rounds):
-        pieces = pieces_for(case.text, mode, seed=seed, tokenizer=tokenizer, split=split)
+    if mode not in MODES or (mode == "tokens" and tokenizer is None):
+        raise ValueError(f"mode {mode!r} needs a tokenizer or is unknown (known: {MODES})")
+    for split in range(random_splits if mode == "random" else 1):
+        if mode == "chars":
+            pieces = list(case.text)
+        elif mode == "random":
+            pieces = split_random(case.text, random.Random(f"{seed}:{split}:{case.text}"))
+        else:
+            pieces = split_tokens(case.text, tokenizer)
         want = expected
         joined = "".join(pieces)
         if joined != case.text:  # the tokenizer does not round-trip this text
@@ -258,9 +223,6 @@ def _compare(got: Outcome, want: Outcome, case: Case, how: str) -> None:
             if g != w
         ]
         raise AssertionError(f"case {case.id!r} fed {how}:\n" + "\n".join(diffs))
-
-
-# -- real templates and tokenizers --------------------------------------------
 
 
 @functools.cache
@@ -303,7 +265,8 @@ def render_chat(
 
     kwargs.setdefault("bos_token", "<bos>")
     kwargs.setdefault("eos_token", "<eos>")
-    rendered, _ = render_jinja_template(
+    render: Any = render_jinja_template  # returns (rendered conversations, indices)
+    rendered, _ = render(
         conversations=[list(messages)],
         tools=list(tools) if tools else None,
         chat_template=template,
@@ -367,19 +330,12 @@ class ParserConformance:
         return request.getfixturevalue(self.tokenizer_fixture)
 
     def pytest_generate_tests(self, metafunc: Any) -> None:
-        """Parametrize the checks below with this class's cases, modes and texts."""
-        params: dict[str, tuple[Sequence[Any], list[str]]] = {
-            "conformance_case": (cases := list(self.cases()), [c.id for c in cases]),
-            "conformance_mode": (MODES, list(MODES)),
-            "plain_text": (self.PLAIN_TEXTS, [f"plain{i}" for i in range(len(self.PLAIN_TEXTS))]),
-            "markup": (self.MARKERS, [repr(m) for m in self.MARKERS]),
-            "prompt": (self.PROMPTS, [f"prompt{i}" for i in range(len(self.PROMPTS))]),
-        }
-        for name, (values, ids) in params.items():
-            if name in metafunc.fixturenames:
-                metafunc.parametrize(name, list(values), ids=ids)
-
-    # -- the checks ----------------------------------------------------------
+        """Parametrize :meth:`test_conformance_case` with the cases and feeding modes."""
+        if "conformance_case" in metafunc.fixturenames:
+            cases = list(self.cases())
+            metafunc.parametrize("conformance_case", cases, ids=[c.id for c in cases])
+        if "conformance_mode" in metafunc.fixturenames:
+            metafunc.parametrize("conformance_mode", MODES)
 
     def test_conformance_case(self, conformance_case: Case, conformance_mode: str, request: Any):
         """Each case gives its expected outcome in every feeding mode."""
@@ -399,30 +355,32 @@ class ParserConformance:
             random_splits=self.RANDOM_SPLITS,
         )
 
-    def test_conformance_plain_text(self, plain_text: str):
+    def test_conformance_plain_text(self):
         """Plain text comes back unchanged, as content, and is not held back for long."""
-        whole = outcome(self.new_parser().parse(plain_text))
-        assert whole == (plain_text, "", []), f"plain text changed: {whole!r}"
-        total, before = run_pieces(self.new_parser(), list(plain_text))
-        assert outcome(total) == whole, f"plain text fed by character: {outcome(total)!r}"
-        held = len(plain_text) - len(before.content)
-        assert plain_text.startswith(before.content) and held <= self.MAX_HELD, (
-            f"{held} characters of plain text held back until finish: {before.content!r}"
-        )
+        for text in self.PLAIN_TEXTS:
+            whole = outcome(self.new_parser().parse(text))
+            assert whole == (text, "", []), f"plain text {text!r} changed: {whole!r}"
+            total, before = run_pieces(self.new_parser(), list(text))
+            assert outcome(total) == whole, f"{text!r} fed by character: {outcome(total)!r}"
+            held = len(text) - len(before.content)
+            assert text.startswith(before.content) and held <= self.MAX_HELD, (
+                f"{held} characters of {text!r} held back until finish: {before.content!r}"
+            )
 
-    def test_conformance_markup_prefix_held(self, markup: str):
-        """Every incomplete start of ``markup`` is held back mid-stream (never shown
+    def test_conformance_markup_prefix_held(self):
+        """Every incomplete start of each marker is held back mid-stream (never shown
         early) and given back as content by ``finish``."""
         lead = "Answer: "
-        for k in range(1, len(markup)):
-            text = lead + markup[:k]
-            total, before = run_pieces(self.new_parser(), list(text))
-            assert lead.startswith(before.content), (
-                f"markup prefix {markup[:k]!r} released before it was decided: {before.content!r}"
-            )
-            assert outcome(total) == (text, "", []), (
-                f"held prefix {markup[:k]!r} not returned by finish: {outcome(total)!r}"
-            )
+        for markup in self.MARKERS:
+            for k in range(1, len(markup)):
+                text = lead + markup[:k]
+                total, before = run_pieces(self.new_parser(), list(text))
+                assert lead.startswith(before.content), (
+                    f"prefix {markup[:k]!r} released before it was decided: {before.content!r}"
+                )
+                assert outcome(total) == (text, "", []), (
+                    f"held prefix {markup[:k]!r} not returned by finish: {outcome(total)!r}"
+                )
 
     def test_conformance_fresh_parser(self):
         """A parser fed nothing (or empty strings) releases nothing."""
@@ -430,9 +388,9 @@ class ParserConformance:
         assert not parser.feed("")
         assert not parser.finish()
 
-    def test_conformance_prompt_opens_reasoning(self, prompt: tuple[str, bool]):
-        """``prompt_opens_reasoning`` gives the expected answer for each prompt."""
-        text, opens = prompt
-        cls = self.parser_class
-        assert issubclass(cls, ReasoningParser), "PROMPTS are for reasoning parsers"
-        assert cls.prompt_opens_reasoning(text) is opens, f"prompt {text[-80:]!r}"
+    def test_conformance_prompt_opens_reasoning(self):
+        """``prompt_opens_reasoning`` gives the expected answer for each of :attr:`PROMPTS`."""
+        for text, opens in self.PROMPTS:
+            cls = self.parser_class
+            assert issubclass(cls, ReasoningParser), "PROMPTS are for reasoning parsers"
+            assert cls.prompt_opens_reasoning(text) is opens, f"prompt ...{text[-80:]!r}"

@@ -1,27 +1,29 @@
 """mlxcore plugin `minimax`: the MiniMax-M2 tool-call and reasoning parsers.
 
-This distribution is a skeleton: it installs, is discovered (`mlxcore plugins`)
-and can be named with `--plugin minimax`, but the feature is not built yet, so
-enabling it stops start-up with a message saying so rather than serving
-without the feature.
+Installed with the distribution ``mlxcore-minimax`` and loaded automatically.
+It offers the tool parser ``minimax_m2`` (``<minimax:tool_call><invoke ...>``)
+and the reasoning parser ``minimax_m2`` (``<think>``, opened by the prompt);
+both are chosen by ``auto`` for models with the MiniMax-M2 chat template. See
+docs/parsers.md.
 """
 
 from __future__ import annotations
 
 from mlxcore import hookimpl
-from mlxcore.config import ServerConfig
-from mlxcore.errors import UsageError
+from mlxcore.parsers.base import ReasoningParser, ToolParser
+from mlxcore_minimax.reasoning import MiniMaxM2ReasoningParser
+from mlxcore_minimax.tools import MiniMaxM2ToolParser
 
-MLXCORE_AUTOLOAD = False
-"""Not loaded unless named with `--plugin minimax`."""
-
-FEATURE = "the MiniMax-M2 tool-call and reasoning parsers"
+__all__ = ["MiniMaxM2ReasoningParser", "MiniMaxM2ToolParser"]
 
 
 @hookimpl
-def mlxcore_configure(config: ServerConfig) -> None:
-    """Refuse to start: the feature this plugin will provide does not exist yet."""
-    raise UsageError(
-        f"plugin 'minimax' is installed but not built yet: {FEATURE} is not implemented "
-        "in this version; remove --plugin minimax"
-    )
+def mlxcore_tool_parsers() -> list[type[ToolParser]]:
+    """The MiniMax-M2 tool-call parser."""
+    return [MiniMaxM2ToolParser]
+
+
+@hookimpl
+def mlxcore_reasoning_parsers() -> list[type[ReasoningParser]]:
+    """The MiniMax-M2 reasoning parser."""
+    return [MiniMaxM2ReasoningParser]

@@ -1,0 +1,103 @@
+"""The ``<tool_call>`` family: Hermes JSON (Qwen2.5, Qwen3) and Qwen3-Coder XML (Qwen3.5).
+
+Both formats wrap each call in ``<tool_call>...</tool_call>`` and differ only in
+the body (JSON object vs ``<function=NAME>`` XML), so one parser class reads
+both bodies; the two registered names differ in which chat templates they
+claim for ``auto`` and document what the model is expected to write.
+
+Besides the native blocks, these parsers recognise (for the request's tools
+only) a ``<function=NAME>...</function>`` without its ``<tool_call>`` wrapper and
+the generic degraded forms of :mod:`mlxcore.parsers.degraded`. A stray
+``</tool_call>`` is dropped.
+"""
+
+from __future__ import annotations
+
+from mlxcore.model_info import ModelInfo
+from mlxcore.parsers.base import ToolCall
+from mlxcore.parsers.blocks import Block, DropBlock, NamedBlock, TagBlock
+from mlxcore.parsers.degraded import DEGRADED_MARKERS, degraded_block
+from mlxcore.parsers.hermes import decode_json_calls
+from mlxcore.parsers.qwen_xml import FUNCTION, FUNCTION_END, decode_xml_functions
+from mlxcore.parsers.schema_types import coerce_arguments, parameters_of
+from mlxcore.parsers.tool_stream import StreamingToolParser
+
+TOOL_CALL = "<tool_call>"
+TOOL_CALL_END = "</tool_call>"
+
+
+class ToolCallTagParser(StreamingToolParser):
+    """``<tool_call>`` blocks holding a JSON object or ``<function=...>`` XML."""
+
+    name = "tool_call_tag"
+    markers = (TOOL_CALL, TOOL_CALL_END, FUNCTION, *DEGRADED_MARKERS)
+
+    def open_block(self, marker: str) -> Block | None:
+        """A block for each ``<tool_call>``, unwrapped ``<function=`` or degraded form."""
+        if marker == TOOL_CALL:
+            return TagBlock(marker, TOOL_CALL_END, self.decode_body)
+        if marker == TOOL_CALL_END:
+            return DropBlock(marker)
+        if marker == FUNCTION:
+            if not self._names:
+                return None
+            return NamedBlock(marker, ">", FUNCTION_END, self.decode_body, self._names)
+        return degraded_block(self, marker)
+
+    def decode_body(self, body: str, closed: bool = True) -> list[ToolCall] | None:
+        """The calls in one block body (JSON or XML), ``None`` when malformed;
+        ``closed`` false (the output ended inside the block): strict XML."""
+        text = body.strip()
+        if text.startswith(FUNCTION):
+            functions = decode_xml_functions(text, strict=not closed)
+            if functions is None:
+                return None
+            return [
+                self.make_call(name, coerce_arguments(raw, parameters_of(self.tools, name)))
+                for name, raw in functions
+            ]
+        calls = decode_json_calls(text)
+        if calls is None:
+            return None
+        return [self.make_call(name, args) for name, args in calls]
+
+
+class HermesToolParser(ToolCallTagParser):
+    """Hermes / Qwen JSON calls: ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``.
+
+    Matches chat templates that render ``<tool_call>`` followed by a JSON object
+    with ``"name"`` (Qwen2.5, Qwen3, Hermes, SmolLM3...) and no ``<function=``.
+    """
+
+    name = "hermes"
+
+    @classmethod
+    def matches(cls, info: ModelInfo) -> bool:
+        """The template writes ``<tool_call>`` with a JSON ``"name"`` key."""
+        template = info.chat_template or ""
+        if TOOL_CALL not in template or FUNCTION in template:
+            return False
+        return '"name"' in template or '\\"name\\"' in template
+
+
+class Qwen3CoderToolParser(ToolCallTagParser):
+    """Qwen3-Coder XML calls, values typed from the request's JSON schema::
+
+        <tool_call>
+        <function=get_weather>
+        <parameter=city>
+        Paris
+        </parameter>
+        </function>
+        </tool_call>
+
+    Matches chat templates that render ``<tool_call>`` with ``<function=`` and
+    ``<parameter=`` (Qwen3-Coder, Qwen3.5, Qwen3-Next...).
+    """
+
+    name = "qwen3_coder"
+
+    @classmethod
+    def matches(cls, info: ModelInfo) -> bool:
+        """The template writes ``<tool_call>``, ``<function=`` and ``<parameter=``."""
+        return info.template_mentions(TOOL_CALL, FUNCTION, "<parameter=")
