@@ -301,3 +301,28 @@ def test_scripted_test_plugin_makes_a_real_model_write_text(tiny_qwen3: Path) ->
         assert tokens[-1] in rt.info.eos_token_ids
     finally:
         rt.engine.shutdown()
+
+
+def test_hybrid_multi_turn_chat_reuses_the_history_snapshot(tiny_qwen3_5: Path) -> None:
+    from mlxcore.prompts import render_chat
+
+    rt = make_runtime(tiny_qwen3_5)
+    try:
+        history = [
+            {"role": "system", "content": "You are terse. " * 30},
+            {"role": "user", "content": "Name a colour."},
+        ]
+        first = render_chat(rt.tokenizer, history)
+        assert first.history_length is not None
+        req1 = GenerationRequest(tuple(first.ids), 6, checkpoints=first.checkpoints())
+        out1, _ = run(rt, req1)
+        reply = rt.tokenizer.decode([t for t in out1 if t not in rt.info.eos_token_ids])
+        history += [{"role": "assistant", "content": reply}, {"role": "user", "content": "Another."}]
+        second = render_chat(rt.tokenizer, history)
+        req2 = GenerationRequest(tuple(second.ids), 8, checkpoints=second.checkpoints())
+        out2, f2 = run(rt, req2)
+        # the generation prompt re-renders differently, but the history snapshot is a prefix
+        assert f2.usage.cached_tokens >= first.history_length
+        assert out2 == reference_tokens(rt, second.ids, 8)[: len(out2)]
+    finally:
+        rt.engine.shutdown()

@@ -5,7 +5,71 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import attrs
+
 from mlxcore.errors import MlxcoreError
+
+
+@attrs.frozen
+class RenderedPrompt:
+    """A chat prompt ready for the engine.
+
+    Attributes:
+        text: the rendered template text (with the generation prompt).
+        ids: its token ids.
+        history_length: how many leading ids are the conversation itself, before
+            the generation prompt (``<|im_start|>assistant\\n<think>\\n`` ...). The
+            next turn of the conversation starts with exactly these tokens, so the
+            engine keeps a reusable cache snapshot there; ``None`` when the template
+            does not render the history as a prefix of the prompt.
+    """
+
+    text: str
+    ids: list[int]
+    history_length: int | None = None
+
+    def checkpoints(self) -> tuple[int, ...]:
+        """Prompt positions where a reusable cache snapshot should be kept."""
+        return () if self.history_length is None else (self.history_length,)
+
+
+def _render(
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None,
+    generation_prompt: bool,
+    kwargs: Mapping[str, Any],
+) -> str:
+    text: str = tokenizer.apply_chat_template(
+        list(messages),
+        tools=list(tools) if tools else None,
+        add_generation_prompt=generation_prompt,
+        tokenize=False,
+        **kwargs,
+    )
+    return text
+
+
+def render_chat(
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    **template_kwargs: Any,
+) -> RenderedPrompt:
+    """Apply the tokenizer's chat template with the generation prompt, tokenize, and
+    find where the conversation history ends."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise MlxcoreError("the model has no chat template; use raw completions instead")
+    text = _render(tokenizer, messages, tools, True, template_kwargs)
+    ids: list[int] = tokenizer.encode(text, add_special_tokens=False)
+    history = _render(tokenizer, messages, tools, False, template_kwargs)
+    boundary = None
+    if text.startswith(history) and history != text:
+        history_ids: list[int] = tokenizer.encode(history, add_special_tokens=False)
+        if 0 < len(history_ids) < len(ids) and ids[: len(history_ids)] == history_ids:
+            boundary = len(history_ids)
+    return RenderedPrompt(text, ids, boundary)
 
 
 def render_chat_prompt(
@@ -15,16 +79,6 @@ def render_chat_prompt(
     tools: Sequence[Mapping[str, Any]] | None = None,
     **template_kwargs: Any,
 ) -> tuple[str, list[int]]:
-    """Apply the tokenizer's chat template (with the generation prompt); return the
-    rendered text and its token ids."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise MlxcoreError("the model has no chat template; use raw completions instead")
-    text = tokenizer.apply_chat_template(
-        list(messages),
-        tools=list(tools) if tools else None,
-        add_generation_prompt=True,
-        tokenize=False,
-        **template_kwargs,
-    )
-    ids: list[int] = tokenizer.encode(text, add_special_tokens=False)
-    return text, ids
+    """The rendered prompt text and its token ids (see :func:`render_chat`)."""
+    rendered = render_chat(tokenizer, messages, tools=tools, **template_kwargs)
+    return rendered.text, rendered.ids

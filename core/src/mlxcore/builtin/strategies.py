@@ -48,12 +48,18 @@ class ChunkedPrefill(PrefillStrategy):
     def prefill(self, task: PrefillTask) -> PrefillGenerator:
         tokens = mx.array(list(task.remaining))[None]
         body = tokens.shape[1] - 1
+        stops = [c - task.start for c in task.checkpoints]
         done = 0
         while done < body:
             n = min(self.step_size, body - done)
+            upcoming = [s for s in stops if done < s < done + n]
+            if upcoming:
+                n = upcoming[0] - done
             self.model(tokens[:, done : done + n], cache=task.cache)
             mx.eval([c.state for c in task.cache])
             done += n
+            if done in stops and task.snapshot is not None:
+                task.snapshot(task.start + done)
             yield done
         logits = self.model(tokens[:, body:], cache=task.cache)[:, -1, :]
         return PrefillResult(logits=logits)

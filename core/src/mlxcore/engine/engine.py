@@ -11,6 +11,7 @@ decoder) come from the plugin hooks once, at construction.
 from __future__ import annotations
 
 import collections
+import copy
 import itertools
 import logging
 import queue
@@ -229,11 +230,23 @@ class Engine:
             lookup = self.cache.lookup(req.prompt_tokens)
             usage.cached_tokens = lookup.cached_tokens
             live.task = PrefillTask(req, lookup.cache, lookup.cached_tokens)
+            live.task.snapshot = self._snapshotter(live.task)
             live.prefill = self.prefill.prefill(live.task)
         except Exception as exc:
             self._fail(live, exc)
             return
         self._prefilling.append(live)
+
+    def _snapshotter(self, task: PrefillTask) -> Any:
+        """The ``snapshot`` callback: keep a copy of the cache at a checkpoint."""
+
+        def snapshot(n: int) -> None:
+            try:
+                self.cache.store(task.request.prompt_tokens[:n], copy.deepcopy(task.cache))
+            except Exception:
+                log.exception("cache strategy %s failed to store a snapshot", self.cache.name)
+
+        return snapshot
 
     def _advance_prefill(self) -> None:
         live = self._prefilling[0]

@@ -48,6 +48,10 @@ class GenerationRequest:
         options: per-request plugin options from the request body (e.g.
             ``{"speculative": False}``); plugins read their own keys.
         request_id: an id for logs and metrics.
+        checkpoints: prompt positions where the cache state is worth keeping for
+            reuse (the end of the conversation history, before the generation
+            prompt): the next turn starts with exactly those tokens, which is what
+            hybrid models, whose recurrent state cannot be rewound, need.
     """
 
     prompt_tokens: tuple[int, ...]
@@ -56,3 +60,4 @@ class GenerationRequest:
     stop_token_ids: frozenset[int] = frozenset()
     options: dict[str, Any] = attrs.field(factory=dict)
     request_id: str = ""
+    checkpoints: tuple[int, ...] = ()

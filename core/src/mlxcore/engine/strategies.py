@@ -105,11 +105,23 @@ class PrefillTask:
         request: the generation request (prompt tokens, options).
         cache: the per-layer cache to fill; it already holds ``start`` tokens.
         start: how many leading prompt tokens are already in ``cache``.
+        snapshot: call ``snapshot(n)`` when ``cache`` holds exactly the first ``n``
+            prompt tokens and ``n`` is one of :attr:`checkpoints`; the engine then
+            stores a copy for prefix reuse. Strategies that fill the cache densely
+            should stop their chunks at the checkpoints to allow it.
     """
 
     request: GenerationRequest
     cache: LayerCache
     start: int = 0
+    snapshot: Callable[[int], None] | None = None
+
+    @property
+    def checkpoints(self) -> list[int]:
+        """The request's checkpoints this prefill will pass (after ``start``, before
+        the last prompt token)."""
+        last = len(self.request.prompt_tokens) - 1
+        return sorted(c for c in self.request.checkpoints if self.start < c < last)
 
     @property
     def remaining(self) -> Sequence[int]:

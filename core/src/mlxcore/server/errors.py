@@ -22,6 +22,7 @@ _TYPES = {
     404: "not_found_error",
     405: "invalid_request_error",
     413: "request_too_large",
+    415: "invalid_request_error",
     422: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",
@@ -68,31 +69,45 @@ def invalid(message: str, param: str | None = None) -> APIError:
 
 
 def from_validation(exc: msgspec.ValidationError | msgspec.DecodeError) -> APIError:
-    """A 400 from msgspec's decode/validation error, naming the JSON path."""
+    """A 400 from msgspec's decode/validation error, naming the JSON path.
+
+    ``ValidationError`` subclasses ``DecodeError``: only a plain ``DecodeError`` means
+    the body is not JSON at all. A required field missing at the top level names that
+    field as ``param``.
+    """
     text = str(exc)
     param = None
     if " - at `$." in text:
         text, _, path = text.partition(" - at `$.")
         param = path.rstrip("`")
         text = f"{text} (at {param})"
-    elif isinstance(exc, msgspec.DecodeError):
+    elif not isinstance(exc, msgspec.ValidationError):
         text = f"the request body is not valid JSON: {text}"
+    elif text.startswith("Object missing required field `"):
+        param = text.split("`")[1]
+    else:
+        text = f"the request body must be a JSON object: {text}"
     return invalid(text, param)
 
 
-def api_error_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
-    """Litestar exception handler: every error becomes an OpenAI-shaped body."""
+def as_api_error(request: Request[Any, Any, Any], exc: Exception) -> APIError:
+    """Any exception raised while serving ``request`` as an :class:`APIError`
+    (front ends with their own error shape render it themselves)."""
     if isinstance(exc, APIError):
-        err = exc
-    elif isinstance(exc, msgspec.ValidationError | msgspec.DecodeError):
-        err = from_validation(exc)
-    elif isinstance(exc, HTTPException):
+        return exc
+    if isinstance(exc, msgspec.ValidationError | msgspec.DecodeError):
+        return from_validation(exc)
+    if isinstance(exc, HTTPException):
         status = exc.status_code
         detail = exc.detail if isinstance(exc.detail, str) else str(exc)
         if status == 413:
             detail = "the request body is too large"
-        err = APIError(status, detail, headers=dict(exc.headers or {}))
-    else:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        err = APIError(500, f"internal error: {type(exc).__name__}")
+        return APIError(status, detail, headers=dict(exc.headers or {}))
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return APIError(500, f"internal error: {type(exc).__name__}")
+
+
+def api_error_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    """Litestar exception handler: every error becomes an OpenAI-shaped body."""
+    err = as_api_error(request, exc)
     return Response(content=err.body(), status_code=err.status, headers=err.headers)

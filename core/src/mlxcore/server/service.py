@@ -10,9 +10,11 @@ stops early (client gone, stop string), the engine request is cancelled.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import attrs
 
@@ -21,9 +23,11 @@ from mlxcore.engine.engine import EngineOverloaded, RequestRejected
 from mlxcore.engine.events import Event, FinishEvent, RequestHandle, TokenEvent, Usage
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.output import OutputDelta, OutputPipeline
-from mlxcore.prompts import render_chat_prompt
+from mlxcore.prompts import RenderedPrompt, render_chat
 from mlxcore.server.errors import APIError, invalid
 from mlxcore.server.metrics import Metrics
+
+T = TypeVar("T")
 
 CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "n_positions", "seq_length")
 """``config.json`` keys that give a model's context length, most common first."""
@@ -47,6 +51,22 @@ class GenerationService:
     def __init__(self, runtime: Runtime, metrics: Metrics) -> None:
         self.runtime = runtime
         self.metrics = metrics
+        # One thread: the tokenizer is never used by two preparations at once.
+        self._prepare_pool = ThreadPoolExecutor(1, thread_name_prefix="mlxcore-prepare")
+
+    async def prepare(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the service's preparation thread, off the event loop.
+
+        Front ends build their requests here: rendering the chat template and
+        tokenizing a prompt of megabytes takes seconds, which on the event loop
+        would stall every other request and stream (and /health).
+        """
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._prepare_pool, functools.partial(fn, *args))
+
+    def close(self) -> None:
+        """Stop the preparation thread (work already queued still runs)."""
+        self._prepare_pool.shutdown(wait=False, cancel_futures=True)
 
     @property
     def config(self) -> Any:
@@ -75,10 +95,10 @@ class GenerationService:
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None,
         template_kwargs: Mapping[str, Any],
-    ) -> tuple[str, list[int]]:
+    ) -> RenderedPrompt:
         """Render and tokenize a chat prompt; template errors become a 400."""
         try:
-            return render_chat_prompt(
+            return render_chat(
                 self.runtime.tokenizer, messages, tools=tools, **dict(template_kwargs)
             )
         except APIError:
