@@ -206,6 +206,8 @@ class Engine:
                     self._advance_prefill()
                 if len(self.decoder):
                     self._decode_step()
+            # the decoder may have queued work; MLX must not exit with it running
+            mx.synchronize(stream)
         for live in list(self._live.values()):
             self._finish(live, "cancelled")
 
