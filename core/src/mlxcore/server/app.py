@@ -98,6 +98,7 @@ def create_app(runtime: Runtime, hooks: PluginHooks) -> Litestar:
             yield
         finally:
             runtime.engine.shutdown()
+            service.close()
 
     cors = (
         CORSConfig(allow_origins=list(config.allowed_origins)) if config.allowed_origins else None

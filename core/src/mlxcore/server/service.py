@@ -29,9 +29,6 @@ from mlxcore.server.metrics import Metrics
 
 T = TypeVar("T")
 
-CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "n_positions", "seq_length")
-"""``config.json`` keys that give a model's context length, most common first."""
-
 
 @attrs.define
 class Generation:
@@ -75,20 +72,8 @@ class GenerationService:
 
     @property
     def context_length(self) -> int | None:
-        """The most tokens a sequence may hold: ``--max-model-len``, else the model's own
-        limit from ``config.json`` (also its ``text_config``), else ``None``."""
-        limit: int | None = self.config.max_model_len
-        if limit is not None:
-            return limit
-        config = self.runtime.info.config
-        for section in (config, config.get("text_config")):
-            if not isinstance(section, dict):
-                continue
-            for key in CONTEXT_KEYS:
-                value = section.get(key)
-                if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                    return value
-        return None
+        """The most tokens a sequence may hold (see :attr:`Engine.max_context`)."""
+        return self.runtime.engine.max_context
 
     def chat_prompt(
         self,

@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import attrs
-import msgspec
 from litestar import Request, Response, post
 from litestar.response import Stream
 
@@ -23,10 +22,15 @@ from mlxcore.builtin.openai.encode import (
     usage_body,
 )
 from mlxcore.builtin.openai.schemas import ChatCompletionRequest
-from mlxcore.builtin.openai.shared import check_model, served_name, service_of
+from mlxcore.builtin.openai.shared import (
+    check_model,
+    decode_body,
+    served_name,
+    service_of,
+    unless_disconnected,
+)
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.output import OutputDelta
-from mlxcore.server.errors import from_validation
 from mlxcore.server.service import Generation, GenerationService
 
 
@@ -36,15 +40,18 @@ def build_generations(svc: GenerationService, body: ChatCompletionRequest) -> li
     messages = convert.normalize_messages(body.messages)
     tools = body.tools if body.tool_choice != "none" else None
     kwargs = dict(body.chat_template_kwargs or {})
-    prompt_text, prompt = svc.chat_prompt(messages, tools, kwargs)
+    rendered = svc.chat_prompt(messages, tools, kwargs)
+    prompt_text, prompt = rendered.text, rendered.ids
     top = body.top_logprobs or 0
     if top and not body.logprobs:
         raise convert.invalid("top_logprobs requires logprobs: true", "top_logprobs")
-    limit = svc.config.max_model_len
+    use_completion = body.max_completion_tokens is not None
     budget = convert.max_tokens(
-        body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens,
+        body.max_completion_tokens if use_completion else body.max_tokens,
         svc.config.max_tokens_default,
-        limit,
+        svc.context_length,
+        "max_completion_tokens" if use_completion else "max_tokens",
+        prompt_len=len(prompt),
     )
     sampling = convert.sampling_params(
         body,
@@ -56,7 +63,6 @@ def build_generations(svc: GenerationService, body: ChatCompletionRequest) -> li
     options: dict[str, Any] = {}
     if body.speculative is not None:
         options["speculative"] = body.speculative
-    thinking = kwargs.get("enable_thinking", True) is not False
     gens = []
     for i in range(body.n):
         params = sampling
@@ -64,12 +70,13 @@ def build_generations(svc: GenerationService, body: ChatCompletionRequest) -> li
             params = attrs.evolve(sampling, seed=(sampling.seed + i) & (2**64 - 1))
         req = GenerationRequest(
             prompt_tokens=tuple(prompt),
+            checkpoints=rendered.checkpoints(),
             max_tokens=budget,
             sampling=params,
             options=options,
             request_id=new_id("chatcmpl"),
         )
-        pipe = svc.pipeline(stops=stops, tools=tools, prompt_text=prompt_text, reasoning=thinking)
+        pipe = svc.pipeline(stops=stops, tools=tools, prompt_text=prompt_text)
         gens.append(Generation(req, pipe))
     return gens
 
@@ -78,12 +85,9 @@ def build_generations(svc: GenerationService, body: ChatCompletionRequest) -> li
 async def chat_completions(request: Request[Any, Any, Any]) -> Any:
     """OpenAI chat completions."""
     svc = service_of(request)
-    try:
-        body = msgspec.json.decode(await request.body(), type=ChatCompletionRequest)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise from_validation(exc) from None
+    body = await decode_body(request, ChatCompletionRequest)
     check_model(svc, body.model)
-    gens = build_generations(svc, body)
+    gens = await svc.prepare(build_generations, svc, body)
     streams = svc.start_all(gens)
     model = served_name(svc, body.model)
     logprobs = LogprobEncoder(svc.runtime.tokenizer) if body.logprobs else None
@@ -95,7 +99,7 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Any:
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
-    return Response(await _complete(gens, streams, model, logprobs))
+    return Response(await unless_disconnected(request, _complete(gens, streams, model, logprobs)))
 
 
 async def _collect(stream: AsyncIterator[OutputDelta]) -> OutputDelta:

@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import attrs
-import msgspec
 from litestar import Request, Response, get, post
 from litestar.response import Stream
 
@@ -23,19 +22,26 @@ from mlxcore.builtin.openai.encode import (
     usage_body,
 )
 from mlxcore.builtin.openai.schemas import CompletionRequest
-from mlxcore.builtin.openai.shared import check_model, served_name, served_names, service_of
+from mlxcore.builtin.openai.shared import (
+    check_model,
+    decode_body,
+    served_name,
+    served_names,
+    service_of,
+    unless_disconnected,
+)
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.output import OutputDelta
-from mlxcore.server.errors import from_validation, invalid
+from mlxcore.server.errors import invalid
 from mlxcore.server.service import Generation, GenerationService
 
 
-def _prompt_tokens(svc: GenerationService, prompt: str | list[str] | list[int]) -> list[int]:
+def _prompt_tokens(svc: GenerationService, prompt: str | list[str | int]) -> list[int]:
     if isinstance(prompt, str):
         return svc.encode(prompt)
-    if prompt and all(isinstance(p, int) for p in prompt):
+    ids = [p for p in prompt if isinstance(p, int)]
+    if prompt and len(ids) == len(prompt):
         vocab = len(svc.runtime.tokenizer)
-        ids = [int(p) for p in prompt]
         if any(not 0 <= t < vocab for t in ids):
             raise invalid("prompt token ids must be inside the vocabulary", "prompt")
         return ids
@@ -52,13 +58,17 @@ def build_generations(svc: GenerationService, body: CompletionRequest) -> list[G
     if not prompt:
         raise invalid("prompt must not be empty", "prompt")
     top = body.logprobs or 0
+    if not 0 <= top <= convert.MAX_TOP_LOGPROBS:
+        raise invalid(f"logprobs must be between 0 and {convert.MAX_TOP_LOGPROBS}", "logprobs")
     sampling = convert.sampling_params(
         body,
         vocab_size=len(svc.runtime.tokenizer),
         logprobs=body.logprobs is not None,
         top_logprobs=top,
     )
-    budget = convert.max_tokens(body.max_tokens, 16, svc.config.max_model_len)
+    budget = convert.max_tokens(
+        body.max_tokens, 16, svc.context_length, prompt_len=len(prompt), prompt_param="prompt"
+    )
     stops = convert.stop_strings(body.stop)
     options: dict[str, Any] = {} if body.speculative is None else {"speculative": body.speculative}
     gens = []
@@ -73,7 +83,7 @@ def build_generations(svc: GenerationService, body: CompletionRequest) -> list[G
             options=options,
             request_id=new_id("cmpl"),
         )
-        gens.append(Generation(req, svc.pipeline(stops=stops, reasoning=False)))
+        gens.append(Generation(req, svc.pipeline(stops=stops, parse=False)))
     return gens
 
 
@@ -81,13 +91,12 @@ def build_generations(svc: GenerationService, body: CompletionRequest) -> list[G
 async def completions(request: Request[Any, Any, Any]) -> Any:
     """OpenAI (legacy) text completions."""
     svc = service_of(request)
-    try:
-        body = msgspec.json.decode(await request.body(), type=CompletionRequest)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise from_validation(exc) from None
+    body = await decode_body(request, CompletionRequest)
     check_model(svc, body.model)
-    gens = build_generations(svc, body)
-    echo = svc.runtime.tokenizer.decode(list(gens[0].request.prompt_tokens)) if body.echo else ""
+    gens = await svc.prepare(build_generations, svc, body)
+    echo = ""
+    if body.echo:
+        echo = await svc.prepare(svc.runtime.tokenizer.decode, list(gens[0].request.prompt_tokens))
     streams = svc.start_all(gens)
     model = served_name(svc, body.model)
     lp = LogprobEncoder(svc.runtime.tokenizer) if body.logprobs is not None else None
@@ -98,7 +107,7 @@ async def completions(request: Request[Any, Any, Any]) -> Any:
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
-    results = await asyncio.gather(*(_collect(s) for s in streams))
+    results = await unless_disconnected(request, asyncio.gather(*(_collect(s) for s in streams)))
     choices = [
         {
             "index": i,

@@ -12,7 +12,7 @@ from typing import Any
 
 from mlxcore.builtin.openai.schemas import ChatCompletionRequest, Message, SamplingFields
 from mlxcore.engine.request import SamplingParams
-from mlxcore.server.errors import invalid
+from mlxcore.server.errors import APIError, invalid
 
 MAX_N = 16
 MAX_TOP_LOGPROBS = 20
@@ -39,6 +39,8 @@ def sampling_params(
     top_k = body.top_k or 0
     if top_k < -1:
         raise invalid("top_k must be -1 (off), 0 (off) or a positive integer", "top_k")
+    if top_k >= vocab_size:
+        top_k = 0  # keeping every token is no top-k at all (the sampler refuses k >= vocab)
     _range("top_logprobs", top_logprobs, 0, MAX_TOP_LOGPROBS)
     if body.n < 1 or body.n > MAX_N:
         raise invalid(f"n must be between 1 and {MAX_N}", "n")
@@ -84,14 +86,39 @@ def stop_strings(stop: str | list[str] | None) -> list[str]:
     return [s for s in stops if s]
 
 
-def max_tokens(value: int | None, default: int, limit: int | None) -> int:
-    """The generation budget; refuse values below 1 or above the context."""
+def max_tokens(
+    value: int | None,
+    default: int,
+    limit: int | None,
+    param: str = "max_tokens",
+    *,
+    prompt_len: int = 0,
+    prompt_param: str = "messages",
+) -> int:
+    """The generation budget, checked against the context ``limit`` left after the prompt.
+
+    Without a value the default is cut to the room left; a value below 1, or beyond that
+    room, is refused (``param`` is the field the client used). A prompt that fills the
+    context by itself is refused naming ``prompt_param``.
+    """
+    room = None if limit is None else limit - prompt_len
+    if room is not None and room < 1:
+        raise APIError(
+            400,
+            f"the prompt ({prompt_len} tokens) fills the model's context of {limit} tokens",
+            param=prompt_param,
+            code="context_length_exceeded",
+        )
     if value is None:
-        return default if limit is None else min(default, limit)
+        return default if room is None else min(default, room)
     if value < 1:
-        raise invalid("max_tokens must be at least 1", "max_tokens")
-    if limit is not None and value > limit:
-        raise invalid(f"max_tokens {value} exceeds the model's context of {limit}", "max_tokens")
+        raise invalid(f"{param} must be at least 1", param)
+    if room is not None and value > room:
+        raise invalid(
+            f"{param} {value} plus the prompt's {prompt_len} tokens exceeds the model's "
+            f"context of {limit} tokens",
+            param,
+        )
     return value
 
 
@@ -193,6 +220,13 @@ def check_chat_fields(body: ChatCompletionRequest) -> None:
             "tool_choice 'required' and named functions need constrained decoding, which is "
             "not available yet; use 'auto'",
             "tool_choice",
+        )
+    if body.chat_template_kwargs and "chat_template" in body.chat_template_kwargs:
+        # A template from the request would run on the server: a loop in it stalls the
+        # event loop for everyone (vLLM refuses these unless told to trust requests).
+        raise invalid(
+            "a chat template in the request is not accepted; the model's template is used",
+            "chat_template_kwargs.chat_template",
         )
     for i, tool in enumerate(body.tools or []):
         fn = tool.get("function")

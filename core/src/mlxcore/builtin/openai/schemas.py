@@ -56,7 +56,9 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
 
 
 class CompletionRequest(SamplingFields, kw_only=True):
-    prompt: str | list[str] | list[int]
+    # msgspec allows one array type per union: the element types are checked in
+    # completions (one string, or token ids).
+    prompt: str | list[str | int]
     logprobs: int | None = None
     echo: bool = False
     suffix: str | None = None

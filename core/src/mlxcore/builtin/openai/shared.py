@@ -1,19 +1,86 @@
-"""Helpers the OpenAI routes share: the service, model names."""
+"""Helpers the OpenAI routes share: the service, model names, body decoding, hang-ups."""
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import contextlib
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
+import msgspec
 from litestar import Request
 
-from mlxcore.server.errors import APIError
+from mlxcore.server.errors import APIError, from_validation, invalid
 from mlxcore.server.service import GenerationService
+
+T = TypeVar("T")
 
 
 def service_of(request: Request[Any, Any, Any]) -> GenerationService:
     """The app's :class:`GenerationService`."""
     svc: GenerationService = request.app.state.service
     return svc
+
+
+def _is_json(content_type: str) -> bool:
+    """True for a JSON media type, or none at all (as FastAPI, and so vLLM, accept)."""
+    media = content_type.partition(";")[0].strip().lower()
+    return not media or media.endswith(("/json", "+json"))
+
+
+async def decode_body(request: Request[Any, Any, Any], body_type: type[T]) -> T:
+    """The JSON body decoded strictly as ``body_type``.
+
+    A non-JSON ``Content-Type`` is a 415; bytes that are not UTF-8 (anywhere, even in
+    fields that are ignored), not JSON, nested too deeply or not the expected shape are
+    a 400 naming the field where there is one.
+    """
+    content_type = request.headers.get("content-type", "")
+    if not _is_json(content_type):
+        raise APIError(
+            415,
+            f"the request body must be JSON (Content-Type: application/json), got {content_type!r}",
+            code="unsupported_media_type",
+        )
+    raw = await request.body()
+    try:
+        raw.decode("utf-8")  # msgspec does not check the keys it skips
+        return msgspec.json.decode(raw, type=body_type)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise from_validation(exc) from None
+    except UnicodeDecodeError as exc:
+        raise invalid(
+            f"the request body is not valid UTF-8: {exc.reason} at byte {exc.start}"
+        ) from None
+    except RecursionError:
+        raise invalid("the request body is nested too deeply") from None
+
+
+async def _disconnected(request: Request[Any, Any, Any]) -> None:
+    """Return when the client hangs up (the body must have been read already)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def unless_disconnected(request: Request[Any, Any, Any], work: Awaitable[T]) -> T:
+    """Await ``work``; if the client hangs up first, cancel it (which cancels its engine
+    requests) instead of generating for nobody. Streams need no such guard: Litestar
+    stops a streaming response when the client goes away."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+    finally:
+        for pending in (task, watcher):
+            if not pending.done():
+                pending.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pending
+    raise APIError(499, "the client closed the connection", code="client_closed_request")
 
 
 def served_names(svc: GenerationService) -> list[str]:
