@@ -12,6 +12,9 @@ from typing import Any
 
 import attrs
 
+CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "n_positions", "seq_length")
+"""``config.json`` keys that give a model's context length, most common first."""
+
 
 @attrs.frozen
 class ModelInfo:
@@ -41,6 +44,18 @@ class ModelInfo:
     source: str = ""
     weight_keys: frozenset[str] = attrs.field(default=frozenset(), repr=False)
     tokenizer: Any = attrs.field(default=None, repr=False, eq=False)
+
+    @property
+    def context_length(self) -> int | None:
+        """The model's own context length from ``config.json`` (or its ``text_config``)."""
+        for section in (self.config, self.config.get("text_config")):
+            if not isinstance(section, dict):
+                continue
+            for key in CONTEXT_KEYS:
+                value = section.get(key)
+                if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                    return value
+        return None
 
     def has_token(self, text: str) -> bool:
         """True when ``text`` is a single token of the vocabulary."""

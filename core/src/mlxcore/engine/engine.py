@@ -90,6 +90,8 @@ class Engine:
         self.hooks = hooks
         self.config = config
         self.memory = MemoryBudget.for_model(model, config.gpu_memory_utilization)
+        self.max_context: int | None = config.max_model_len or info.context_length
+        """The most tokens a sequence may hold: ``--max-model-len``, else the model's own."""
         self.cache = hooks.cache_strategy(model, info, config)
         self.prefill = hooks.prefill_strategy(model, info, config)
         self.decoder = hooks.decoder(model, info, config)
@@ -133,6 +135,7 @@ class Engine:
         self._validate(request)
         handle = RequestHandle(next(self._uids), request, sink)
         with self._wake:
+            self._drop_cancelled_waiting()
             if len(self._waiting) >= self.config.max_queue_size:
                 raise EngineOverloaded(
                     f"server busy: {len(self._waiting)} requests already waiting"
@@ -174,7 +177,7 @@ class Engine:
         n = len(request.prompt_tokens)
         if n == 0:
             raise RequestRejected("the prompt is empty")
-        limit = self.config.max_model_len
+        limit = self.max_context
         if limit is not None and n + request.max_tokens > limit:
             raise RequestRejected(
                 f"prompt ({n} tokens) plus max_tokens ({request.max_tokens}) exceeds the "
@@ -212,12 +215,29 @@ class Engine:
             self._finish(live, "cancelled")
 
     def _take_waiting(self) -> list[RequestHandle]:
+        """Pop admissible requests (caller holds the lock); drop cancelled ones."""
+        self._drop_cancelled_waiting()
         room = self.config.max_num_seqs - len(self._live)
         taken = []
         while room > 0 and self._waiting:
             taken.append(self._waiting.popleft())
             room -= 1
         return taken
+
+    def _drop_cancelled_waiting(self) -> None:
+        """Requests cancelled while queued leave the queue at once (caller holds the lock)."""
+        if not any(h.cancel_reason is not None for h in self._waiting):
+            return
+        keep: collections.deque[RequestHandle] = collections.deque()
+        for handle in self._waiting:
+            if handle.cancel_reason is None:
+                keep.append(handle)
+            else:
+                handle.finished.set()
+                handle.sink(
+                    FinishEvent(handle.cancel_reason, Usage(len(handle.request.prompt_tokens)))
+                )
+        self._waiting = keep
 
     def _admit(self, handle: RequestHandle) -> None:
         req = handle.request

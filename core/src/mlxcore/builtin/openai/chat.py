@@ -22,15 +22,15 @@ from mlxcore.builtin.openai.encode import (
     usage_body,
 )
 from mlxcore.builtin.openai.schemas import ChatCompletionRequest
-from mlxcore.builtin.openai.shared import (
+from mlxcore.engine.request import GenerationRequest
+from mlxcore.output import OutputDelta
+from mlxcore.server.requests import (
     check_model,
     decode_body,
     served_name,
     service_of,
     unless_disconnected,
 )
-from mlxcore.engine.request import GenerationRequest
-from mlxcore.output import OutputDelta
 from mlxcore.server.service import Generation, GenerationService
 
 

@@ -22,7 +22,10 @@ from mlxcore.builtin.openai.encode import (
     usage_body,
 )
 from mlxcore.builtin.openai.schemas import CompletionRequest
-from mlxcore.builtin.openai.shared import (
+from mlxcore.engine.request import GenerationRequest
+from mlxcore.output import OutputDelta
+from mlxcore.server.errors import invalid
+from mlxcore.server.requests import (
     check_model,
     decode_body,
     served_name,
@@ -30,9 +33,6 @@ from mlxcore.builtin.openai.shared import (
     service_of,
     unless_disconnected,
 )
-from mlxcore.engine.request import GenerationRequest
-from mlxcore.output import OutputDelta
-from mlxcore.server.errors import invalid
 from mlxcore.server.service import Generation, GenerationService
 
 

@@ -1,4 +1,4 @@
-"""Helpers the OpenAI routes share: the service, model names, body decoding, hang-ups."""
+"""Helpers every HTTP front end shares: the service, model names, body decoding, hang-ups."""
 
 from __future__ import annotations
 

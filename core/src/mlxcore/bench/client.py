@@ -1,0 +1,242 @@
+"""The HTTP measurements: one stream, N concurrent streams, and a cached follow-up turn.
+
+Every request is a greedy, streamed ``/v1/chat/completions`` call with
+``stream_options.include_usage``, read with httpx. A stream's first generated output is the
+first chunk with content, reasoning or tool calls (or the finish, if nothing came); its last
+token is the chunk that carries ``finish_reason``. Token counts come from the usage chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import httpx
+
+from mlxcore.bench import workloads
+from mlxcore.bench.results import StreamRun, median_of
+from mlxcore.errors import MlxcoreError
+
+log = logging.getLogger(__name__)
+
+_TIMEOUT = httpx.Timeout(1800.0, connect=30.0)
+
+
+@attrs.define
+class HttpTarget:
+    """Where the server is and which model name it serves."""
+
+    base_url: str
+    model: str
+
+
+async def stream_chat(
+    client: httpx.AsyncClient, target: HttpTarget, messages: list[Any], max_tokens: int
+) -> StreamRun:
+    """Stream one chat completion and time it."""
+    body = workloads.chat_body(target.model, messages, max_tokens)
+    first: float | None = None
+    last: float | None = None
+    usage: dict[str, Any] = {}
+    finish: str | None = None
+    start = time.perf_counter()
+    async with client.stream("POST", f"{target.base_url}/v1/chat/completions", json=body) as r:
+        if r.status_code != 200:
+            text = (await r.aread()).decode(errors="replace")
+            raise MlxcoreError(f"the server answered {r.status_code}: {text[:500]}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == "[DONE]":
+                break
+            chunk = json.loads(payload)
+            now = time.perf_counter()
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            for choice in chunk.get("choices") or ():
+                delta = choice.get("delta") or {}
+                produced = (
+                    delta.get("content")
+                    or delta.get("reasoning_content")
+                    or delta.get("tool_calls")
+                )
+                if produced and first is None:
+                    first = now
+                if choice.get("finish_reason"):
+                    finish = choice["finish_reason"]
+                    first = now if first is None else first
+                    last = now
+    end = time.perf_counter()
+    if first is None or last is None:
+        raise MlxcoreError("the stream ended without a finish_reason")
+    details = usage.get("prompt_tokens_details") or {}
+    return StreamRun(
+        prompt_tokens=int(usage.get("prompt_tokens", 0)),
+        completion_tokens=int(usage.get("completion_tokens", 0)),
+        ttft_s=first - start,
+        decode_s=last - first,
+        total_s=end - start,
+        cached_tokens=int(details.get("cached_tokens") or 0),
+        finish_reason=finish,
+    )
+
+
+def _client(connections: int = 32) -> httpx.AsyncClient:
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+    return httpx.AsyncClient(timeout=_TIMEOUT, limits=limits)
+
+
+async def _single(
+    target: HttpTarget, messages: list[Any], max_tokens: int, repeats: int
+) -> list[StreamRun]:
+    async with _client() as client:
+        await stream_chat(client, target, messages, min(8, max_tokens))
+        runs = []
+        for i in range(repeats):
+            run = await stream_chat(client, target, messages, max_tokens)
+            log.info(
+                "HTTP single stream %d/%d: %d tokens, TTFT %.3f s, %.1f tok/s",
+                i + 1,
+                repeats,
+                run.completion_tokens,
+                run.ttft_s,
+                run.decode_tok_s,
+            )
+            runs.append(run)
+        return runs
+
+
+def measure_single(
+    target: HttpTarget, messages: list[Any], *, max_tokens: int, repeats: int
+) -> list[StreamRun]:
+    """Warm up, then stream ``messages`` ``repeats`` times, one after the other."""
+    return asyncio.run(_single(target, messages, max_tokens, repeats))
+
+
+async def _concurrent_once(
+    client: httpx.AsyncClient, target: HttpTarget, n: int, max_tokens: int
+) -> dict[str, Any]:
+    start = time.perf_counter()
+    runs = await asyncio.gather(
+        *(stream_chat(client, target, workloads.writing_messages(i), max_tokens) for i in range(n))
+    )
+    wall = time.perf_counter() - start
+    tokens = sum(r.completion_tokens for r in runs)
+    return {
+        "aggregate_tok_s": tokens / wall if wall > 0 else 0.0,
+        "wall_s": wall,
+        "completion_tokens": tokens,
+        "ttft_median_s": median_of([r.ttft_s for r in runs]),
+        "ttft_max_s": max(r.ttft_s for r in runs),
+        "stream_decode_tok_s_median": median_of([r.decode_tok_s for r in runs]),
+    }
+
+
+async def _concurrency(
+    target: HttpTarget, levels: tuple[int, ...], max_tokens: int, repeats: int
+) -> list[dict[str, Any]]:
+    results = []
+    async with _client(max(levels) * 2) as client:
+        await _concurrent_once(client, target, max(levels), min(8, max_tokens))
+        for n in levels:
+            reps = []
+            for _ in range(repeats):
+                reps.append(await _concurrent_once(client, target, n, max_tokens))
+            best = median_of([r["aggregate_tok_s"] for r in reps])
+            log.info("HTTP concurrency %d: %.1f tok/s aggregate (median)", n, best)
+            results.append(
+                {
+                    "concurrency": n,
+                    "aggregate_tok_s": round(best, 3),
+                    "completion_tokens": int(median_of([r["completion_tokens"] for r in reps])),
+                    "wall_s": round(median_of([r["wall_s"] for r in reps]), 4),
+                    "ttft_median_s": round(median_of([r["ttft_median_s"] for r in reps]), 6),
+                    "stream_decode_tok_s_median": round(
+                        median_of([r["stream_decode_tok_s_median"] for r in reps]), 3
+                    ),
+                    "repeats": len(reps),
+                    "runs": [{k: round(v, 6) for k, v in r.items()} for r in reps],
+                }
+            )
+    return results
+
+
+def measure_concurrency(
+    target: HttpTarget, levels: tuple[int, ...], *, max_tokens: int, repeats: int
+) -> list[dict[str, Any]]:
+    """Aggregate tok/s of N concurrent streams (distinct prompts) for each N in ``levels``.
+
+    Aggregate = all tokens generated / the wall time from sending the first request to the
+    end of the last stream. A short warm-up at the highest level runs first.
+    """
+    return asyncio.run(_concurrency(target, levels, max_tokens, repeats))
+
+
+async def _prefix(
+    target: HttpTarget,
+    count_tokens: Callable[[str], int],
+    prefix_tokens: int,
+    max_tokens: int,
+    repeats: int,
+    rng: random.Random,
+) -> list[dict[str, Any]]:
+    pairs = []
+    async with _client() as client:
+        for i in range(repeats):
+            text, word = workloads.long_prefix(count_tokens, prefix_tokens, rng)
+            cold_msgs = workloads.prefix_messages(text, workloads.COLD_QUESTION)
+            warm_msgs = workloads.prefix_messages(text, workloads.FOLLOWUP_QUESTION)
+            cold = await stream_chat(client, target, cold_msgs, max_tokens)
+            cached = await stream_chat(client, target, warm_msgs, max_tokens)
+            log.info(
+                "prefix %d/%d (%s): cold TTFT %.3f s (%d prompt tokens), cached TTFT %.3f s "
+                "(%d cached tokens)",
+                i + 1,
+                repeats,
+                word,
+                cold.ttft_s,
+                cold.prompt_tokens,
+                cached.ttft_s,
+                cached.cached_tokens,
+            )
+            pairs.append({"seed_word": word, "cold": cold.to_json(), "cached": cached.to_json()})
+    return pairs
+
+
+def measure_prefix_cache(
+    target: HttpTarget,
+    count_tokens: Callable[[str], int],
+    *,
+    prefix_tokens: int,
+    max_tokens: int,
+    repeats: int,
+    rng: random.Random,
+) -> dict[str, Any]:
+    """Cold vs cached TTFT of a turn sharing a long system prompt.
+
+    Each repeat builds a new prefix (a fresh seed word at its very start, so nothing served
+    before shares it), sends it with one question (cold), then with another (cached).
+    """
+    pairs = asyncio.run(_prefix(target, count_tokens, prefix_tokens, max_tokens, repeats, rng))
+
+    def med(side: str, key: str) -> float:
+        return median_of([p[side][key] for p in pairs])
+
+    return {
+        "prefix_tokens_target": prefix_tokens,
+        "prompt_tokens": int(med("cold", "prompt_tokens")),
+        "cold_ttft_s": round(med("cold", "ttft_s"), 6),
+        "cached_ttft_s": round(med("cached", "ttft_s"), 6),
+        "cold_cached_tokens": int(med("cold", "cached_tokens")),
+        "cached_tokens": int(med("cached", "cached_tokens")),
+        "followup_prompt_tokens": int(med("cached", "prompt_tokens")),
+        "repeats": len(pairs),
+        "runs": pairs,
+    }

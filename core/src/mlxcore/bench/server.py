@@ -1,0 +1,184 @@
+"""The real ``mlxcore serve`` as a subprocess of the bench.
+
+The server gets the bench's model and engine flags and the same OpenBLAS setting as the
+bench process: when this process has the system OpenBLAS preloaded, the server inherits
+``LD_PRELOAD``; when it has not, the server is told not to preload it either
+(``MLXCORE_NO_OPENBLAS=1``). Whether the server really mapped the library is then read
+from its ``/proc/<pid>/maps`` and reported.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+
+from mlxcore import blas
+from mlxcore.errors import MlxcoreError
+
+log = logging.getLogger(__name__)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def server_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The server's environment: the bench's, with the bench's OpenBLAS setting enforced."""
+    env = dict(os.environ if base is None else base)
+    if not blas.openblas_preloaded():
+        env[blas.DISABLE_ENV] = "1"
+    return env
+
+
+def _system_openblas_paths(env: dict[str, str]) -> set[str]:
+    paths = {
+        os.path.realpath(e)
+        for e in env.get("LD_PRELOAD", "").replace(" ", ":").split(":")
+        if "openblas" in Path(e).name
+    }
+    found = blas.openblas_path()
+    if found is not None:
+        paths.add(os.path.realpath(found))
+    return paths
+
+
+def process_has_openblas(pid: int, env: dict[str, str]) -> bool | None:
+    """True when the system OpenBLAS is mapped into process ``pid`` (None: cannot tell).
+
+    A symbol-renamed copy bundled with numpy does not count: only the library the bench
+    would preload (or did preload) is looked for.
+    """
+    try:
+        maps = Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return None
+    paths = _system_openblas_paths(env)
+    return any(p in maps for p in paths) if paths else False
+
+
+class ServerProcess:
+    """``python -m mlxcore serve`` running in the background until :meth:`stop`.
+
+    Args:
+        model: the model argument (None: the embedded default).
+        serve_args: more flags for ``mlxcore serve``.
+        host: the address to listen on.
+        port: the port (None: a free one).
+        log_level: the server's log level.
+    """
+
+    def __init__(
+        self,
+        model: str | None,
+        serve_args: Sequence[str] = (),
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        log_level: str = "warning",
+    ) -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self.env = server_env()
+        self.argv = [
+            sys.executable,
+            "-m",
+            "mlxcore",
+            "serve",
+            *([model] if model else []),
+            "--host",
+            host,
+            "--port",
+            str(self.port),
+            "--log-level",
+            log_level,
+            *serve_args,
+        ]
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+        self.model_id = ""
+        self.openblas: bool | None = None
+
+    @property
+    def base_url(self) -> str:
+        """The server's root URL."""
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float) -> None:
+        """Start the server and wait for ``/health``; learn the model id clients must send.
+
+        Raises:
+            MlxcoreError: the server exited or did not answer in ``timeout`` seconds (with the
+                end of its log).
+        """
+        self._log = tempfile.TemporaryFile(prefix="mlxcore-bench-server-")  # noqa: SIM115
+        log.info("starting server: %s", " ".join(self.argv[1:]))
+        self.proc = subprocess.Popen(
+            self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=self.env
+        )
+        deadline = time.monotonic() + timeout
+        with httpx.Client(base_url=self.base_url, timeout=5.0) as client:
+            while True:
+                if self.proc.poll() is not None:
+                    raise MlxcoreError(
+                        f"the server exited with code {self.proc.returncode} before it was "
+                        f"ready:\n{self.log_tail()}"
+                    )
+                try:
+                    if client.get("/health").status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise MlxcoreError(
+                        f"the server did not answer /health within {timeout:.0f} s:\n"
+                        f"{self.log_tail()}"
+                    )
+                time.sleep(0.2)
+            models = client.get("/v1/models").json()
+        self.model_id = str(models["data"][0]["id"])
+        self.openblas = process_has_openblas(self.proc.pid, self.env)
+        log.info("server ready at %s (pid %d)", self.base_url, self.proc.pid)
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The last ``lines`` lines of the server's output."""
+        if self._log is None:
+            return ""
+        self._log.flush()
+        self._log.seek(0)
+        text = self._log.read().decode(errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self) -> None:
+        """Stop the server (SIGINT, then SIGKILL after 20 s) and close its log."""
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

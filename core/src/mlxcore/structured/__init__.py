@@ -1,0 +1,75 @@
+"""Constrained decoding: JSON (free-form or by schema), regexes, grammars, tool choice.
+
+Front ends describe what the output must be with a constraint object and put it in
+``GenerationRequest.options["constraint"]``; the built-in plugin
+:mod:`mlxcore.builtin.structured` then adds a logits processor to that request that
+masks every token the constraint forbids. Enforcement is llguidance's (chosen by
+measurement, see docs/decisions/0002-constrained-decoding.md).
+
+Typical front-end use::
+
+    constraint = from_response_format(body.response_format)   # ConstraintError -> 400
+    options[OPTION] = constraint
+
+    found = tool_choice_constraint(body.tools, body.tool_choice)  # ConstraintError -> 400
+    if found is not None:
+        options[OPTION], tool_parser = found   # use tool_parser for this request's output
+"""
+
+from __future__ import annotations
+
+from mlxcore.structured.compiler import CompiledTokenizer, compiled_tokenizer, prepare
+from mlxcore.structured.constraints import (
+    Constraint,
+    ConstraintError,
+    JsonObject,
+    JsonSchema,
+    LarkGrammar,
+    Regex,
+    from_response_format,
+    grammar_text,
+    validate,
+)
+from mlxcore.structured.processor import (
+    ConstrainedProcessor,
+    ConstraintViolation,
+    apply_bitmask,
+    make_processor,
+)
+from mlxcore.structured.tools import (
+    ConstrainedToolCallParser,
+    named_tool_schema,
+    required_tools_schema,
+    tool_choice_constraint,
+)
+
+OPTION = "constraint"
+"""The ``GenerationRequest.options`` key holding the request's :data:`Constraint`."""
+
+START_AFTER_OPTION = "constraint_start_after"
+"""Optional ``options`` key: text (e.g. ``"</think>"``) after which the constraint starts."""
+
+__all__ = [
+    "OPTION",
+    "START_AFTER_OPTION",
+    "CompiledTokenizer",
+    "ConstrainedProcessor",
+    "ConstrainedToolCallParser",
+    "Constraint",
+    "ConstraintError",
+    "ConstraintViolation",
+    "JsonObject",
+    "JsonSchema",
+    "LarkGrammar",
+    "Regex",
+    "apply_bitmask",
+    "compiled_tokenizer",
+    "from_response_format",
+    "grammar_text",
+    "make_processor",
+    "named_tool_schema",
+    "prepare",
+    "required_tools_schema",
+    "tool_choice_constraint",
+    "validate",
+]

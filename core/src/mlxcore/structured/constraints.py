@@ -1,0 +1,244 @@
+"""What a constrained request must produce: JSON (free-form or by schema), a regex, a grammar.
+
+A constraint is plain, immutable data that a front end builds from a request body
+(:func:`from_response_format` does it for OpenAI's ``response_format``) and puts in
+``GenerationRequest.options["constraint"]``. :func:`validate` checks it without a
+model, so a bad schema is answered with a 400 before the request reaches the engine.
+The grammar text each constraint compiles to is llguidance's (see
+docs/decisions/0002-constrained-decoding.md).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+import attrs
+import llguidance
+
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+
+MAX_SCHEMA_CHARS = 200_000
+"""Schemas (and grammars) longer than this, as JSON text, are refused."""
+
+JSON_SEPARATORS = (", ", ": ")
+"""Item and key separators of generated JSON: ``json.dumps``'s defaults, one line."""
+
+
+class ConstraintError(ValueError):
+    """A constraint that cannot be used (bad schema, unsupported keyword, bad regex).
+
+    The message names what is wrong; front ends answer it with HTTP 400.
+    """
+
+
+@attrs.frozen
+class JsonObject:
+    """Any JSON object (OpenAI's ``response_format: {"type": "json_object"}``)."""
+
+    def describe(self) -> str:
+        """A short name for error messages."""
+        return "JSON object constraint"
+
+
+@attrs.frozen
+class JsonSchema:
+    """JSON that validates against ``schema`` (OpenAI's ``json_schema`` response format).
+
+    Attributes:
+        schema: the JSON schema (a dict; never mutated).
+        extra_properties: when ``False`` (the default), an object schema that lists
+            ``properties`` and says nothing about others gets no others, as in OpenAI's
+            strict mode; output then still validates against the schema as written.
+        lenient: ignore schema keywords the matcher cannot enforce (``uniqueItems``,
+            ``not``, ``if``...) instead of refusing the schema.
+    """
+
+    schema: Mapping[str, Any]
+    extra_properties: bool = False
+    lenient: bool = False
+
+    def describe(self) -> str:
+        """A short name for error messages."""
+        title = self.schema.get("title") if isinstance(self.schema, Mapping) else None
+        return f"JSON schema {title!r}" if isinstance(title, str) else "JSON schema"
+
+
+@attrs.frozen
+class Regex:
+    """Text matching a regular expression (Rust ``regex`` syntax, anchored at both ends)."""
+
+    pattern: str
+
+    def describe(self) -> str:
+        """A short name for error messages."""
+        return "regex constraint"
+
+
+@attrs.frozen
+class LarkGrammar:
+    """Text in the language of a Lark grammar (llguidance's Lark dialect, ``start`` rule)."""
+
+    grammar: str
+
+    def describe(self) -> str:
+        """A short name for error messages."""
+        return "grammar constraint"
+
+
+Constraint: TypeAlias = JsonObject | JsonSchema | Regex | LarkGrammar
+"""Every kind of constraint a request can carry."""
+
+
+def grammar_text(constraint: Constraint) -> str:
+    """The llguidance grammar for ``constraint`` (memoised for schema texts seen recently).
+
+    Raises :class:`ConstraintError` when the constraint is malformed; see :func:`validate`
+    for the full check.
+    """
+    if isinstance(constraint, JsonObject):
+        return _json_grammar('{"type": "object"}', False)
+    if isinstance(constraint, JsonSchema):
+        return _json_grammar(_schema_text(constraint), constraint.lenient)
+    if isinstance(constraint, Regex):
+        _check_text("regex pattern", constraint.pattern)
+        return str(llguidance.LLMatcher.grammar_from_regex(constraint.pattern))
+    if isinstance(constraint, LarkGrammar):
+        _check_text("grammar", constraint.grammar)
+        return str(llguidance.LLMatcher.grammar_from_lark(constraint.grammar))
+    raise ConstraintError(f"unknown constraint type {type(constraint).__name__}")
+
+
+def validate(constraint: Constraint) -> None:
+    """Check that ``constraint`` can be enforced; raise :class:`ConstraintError` if not.
+
+    Cheap (no model, no tokenizer: a few milliseconds for a large schema), so front ends
+    call it before submitting and answer the error with a 400.
+    """
+    _validated(grammar_text(constraint), constraint.describe())
+
+
+@functools.lru_cache(maxsize=256)
+def _validated(grammar: str, what: str) -> None:
+    error = llguidance.LLMatcher.validate_grammar(grammar)
+    if error:
+        raise ConstraintError(f"invalid {what}: {error.strip()}")
+
+
+def from_response_format(fmt: Mapping[str, Any] | None) -> Constraint | None:
+    """The constraint for an OpenAI ``response_format`` value (``None`` for plain text).
+
+    Accepts ``{"type": "text"}``, ``{"type": "json_object"}`` and
+    ``{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}``; a
+    ``json_schema`` without ``schema`` means any JSON object. The schema is always
+    enforced; ``"strict": true`` also refuses keywords that cannot be enforced (without
+    it they are ignored, see :attr:`JsonSchema.lenient`). The result is validated.
+
+    Raises:
+        ConstraintError: an unknown type, a malformed body or an unusable schema.
+    """
+    if fmt is None:
+        return None
+    if not isinstance(fmt, Mapping):
+        raise ConstraintError("response_format must be an object")
+    kind = fmt.get("type")
+    constraint: Constraint
+    if kind in (None, "text"):
+        return None
+    if kind == "json_object":
+        constraint = JsonObject()
+    elif kind == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, Mapping):
+            raise ConstraintError("response_format json_schema needs a json_schema object")
+        schema = spec.get("schema")
+        if schema is None:
+            constraint = JsonObject()
+        elif isinstance(schema, Mapping):
+            constraint = JsonSchema(schema, lenient=spec.get("strict") is not True)
+        else:
+            raise ConstraintError("response_format json_schema.schema must be an object")
+    else:
+        raise ConstraintError(
+            f"response_format type {kind!r} is not one of text, json_object, json_schema"
+        )
+    validate(constraint)
+    return constraint
+
+
+# -- helpers -------------------------------------------------------------------
+
+
+def _check_text(what: str, text: Any) -> None:
+    if not isinstance(text, str) or not text:
+        raise ConstraintError(f"the {what} must be a non-empty string")
+    if len(text) > MAX_SCHEMA_CHARS:
+        raise ConstraintError(f"the {what} is too long ({len(text)} > {MAX_SCHEMA_CHARS} chars)")
+
+
+def _schema_text(constraint: JsonSchema) -> str:
+    schema = constraint.schema
+    if not isinstance(schema, Mapping):
+        raise ConstraintError(f"a JSON schema must be an object, got {type(schema).__name__}")
+    if not constraint.extra_properties:
+        schema = close_objects(schema)
+    try:
+        text = json.dumps(schema, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ConstraintError(f"the JSON schema is not JSON: {exc}") from None
+    _check_text("JSON schema", text)
+    return text
+
+
+@functools.lru_cache(maxsize=256)
+def _json_grammar(schema_text: str, lenient: bool) -> str:
+    options: JsonCompileOptions = {
+        "whitespace_flexible": False,
+        "item_separator": JSON_SEPARATORS[0],
+        "key_separator": JSON_SEPARATORS[1],
+        "lenient": lenient,
+    }
+    try:
+        return str(llguidance.LLMatcher.grammar_from_json_schema(schema_text, overrides=options))
+    except ValueError as exc:
+        raise ConstraintError(f"invalid JSON schema: {exc}") from None
+
+
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
+_SUBSCHEMA_ONE = ("items", "additionalProperties", "contains", "propertyNames")
+_OPENNESS_KEYS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+
+
+def close_objects(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``schema`` where object schemas with ``properties`` allow no others.
+
+    Only schemas that say nothing about other properties are closed, and nothing under
+    ``allOf`` is touched (closing its branches would make their union unsatisfiable).
+    """
+    out = copy.deepcopy(dict(schema))
+    _close(out)
+    return out
+
+
+def _close(node: Any) -> None:
+    if not isinstance(node, dict):
+        return
+    if isinstance(node.get("properties"), dict) and not any(k in node for k in _OPENNESS_KEYS):
+        node["additionalProperties"] = False
+    for key in _SUBSCHEMA_MAPS:
+        children = node.get(key)
+        if isinstance(children, dict):
+            for child in children.values():
+                _close(child)
+    for key in _SUBSCHEMA_LISTS:
+        children = node.get(key)
+        if isinstance(children, list):
+            for child in children:
+                _close(child)
+    for key in _SUBSCHEMA_ONE:
+        _close(node.get(key))

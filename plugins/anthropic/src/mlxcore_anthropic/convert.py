@@ -1,0 +1,170 @@
+"""From Anthropic Messages requests to chat-template messages and engine settings.
+
+The chat templates speak the OpenAI-style message list (``system`` / ``user`` /
+``assistant`` with ``tool_calls`` / ``tool``), so Anthropic content blocks are
+mapped onto it: ``tool_result`` blocks become ``tool`` messages, ``tool_use``
+blocks become assistant ``tool_calls``, ``thinking`` blocks become
+``reasoning_content``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from mlxcore.engine.request import SamplingParams
+from mlxcore.server.errors import invalid
+from mlxcore_anthropic.schemas import Message, MessagesRequest, Tool
+
+
+def _text(blocks: str | list[dict[str, Any]], where: str) -> str:
+    """The text of a string or of a list of ``text`` blocks."""
+    if isinstance(blocks, str):
+        return blocks
+    parts = []
+    for i, block in enumerate(blocks):
+        if block.get("type") != "text" or not isinstance(block.get("text"), str):
+            raise invalid(f"expected a text block, got type {block.get('type')!r}", f"{where}[{i}]")
+        parts.append(block["text"])
+    return "\n".join(parts) if len(parts) > 1 else "".join(parts)
+
+
+def system_text(system: str | list[dict[str, Any]] | None) -> str | None:
+    """The system prompt as one string (``None`` when absent)."""
+    if system is None:
+        return None
+    return _text(system, "system")
+
+
+def _tool_result_text(content: Any, where: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return _text(content, f"{where}.content")
+    raise invalid("tool_result content must be a string or text blocks", f"{where}.content")
+
+
+def _user(message: Message, where: str) -> list[dict[str, Any]]:
+    if isinstance(message.content, str):
+        return [{"role": "user", "content": message.content}]
+    out: list[dict[str, Any]] = []
+    texts: list[str] = []
+    for i, block in enumerate(message.content):
+        kind = block.get("type")
+        at = f"{where}.content[{i}]"
+        if kind == "text":
+            texts.append(str(block.get("text", "")))
+        elif kind == "tool_result":
+            tool_id = block.get("tool_use_id")
+            if not isinstance(tool_id, str):
+                raise invalid("tool_result needs a tool_use_id", f"{at}.tool_use_id")
+            text = _tool_result_text(block.get("content"), at)
+            if block.get("is_error"):
+                text = f"Error: {text}"
+            out.append({"role": "tool", "tool_call_id": tool_id, "content": text})
+        else:
+            raise invalid(f"content block type {kind!r} is not supported here", f"{at}.type")
+    if texts:
+        out.append({"role": "user", "content": "\n".join(texts)})
+    return out
+
+
+def _assistant(message: Message, where: str) -> dict[str, Any]:
+    if isinstance(message.content, str):
+        return {"role": "assistant", "content": message.content}
+    texts: list[str] = []
+    thinking: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for i, block in enumerate(message.content):
+        kind = block.get("type")
+        at = f"{where}.content[{i}]"
+        if kind == "text":
+            texts.append(str(block.get("text", "")))
+        elif kind == "thinking":
+            thinking.append(str(block.get("thinking", "")))
+        elif kind == "redacted_thinking":
+            continue
+        elif kind == "tool_use":
+            name = block.get("name")
+            if not isinstance(name, str) or not name:
+                raise invalid("tool_use needs a name", f"{at}.name")
+            arguments = block.get("input", {})
+            if not isinstance(arguments, dict):
+                raise invalid("tool_use input must be an object", f"{at}.input")
+            calls.append(
+                {
+                    "id": block.get("id"),
+                    "type": "function",
+                    "function": {"name": name, "arguments": arguments},
+                }
+            )
+        else:
+            raise invalid(f"content block type {kind!r} is not supported here", f"{at}.type")
+    item: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+    if thinking:
+        item["reasoning_content"] = "\n".join(thinking)
+    if calls:
+        item["tool_calls"] = calls
+    return item
+
+
+def chat_messages(body_messages: Sequence[Message], system: str | None) -> list[dict[str, Any]]:
+    """Anthropic messages as a chat-template message list."""
+    if not body_messages:
+        raise invalid("messages must not be empty", "messages")
+    out: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+    for i, message in enumerate(body_messages):
+        where = f"messages[{i}]"
+        if message.role == "user":
+            out.extend(_user(message, where))
+        elif message.role == "assistant":
+            out.append(_assistant(message, where))
+        else:
+            raise invalid(f"role must be user or assistant, got {message.role!r}", f"{where}.role")
+    return out
+
+
+def template_tools(tools: Sequence[Tool] | None) -> list[dict[str, Any]] | None:
+    """Anthropic tool definitions in the OpenAI function form chat templates expect."""
+    if not tools:
+        return None
+    out = []
+    for i, tool in enumerate(tools):
+        if not tool.name:
+            raise invalid("a tool needs a name", f"tools[{i}].name")
+        function: dict[str, Any] = {"name": tool.name, "parameters": tool.input_schema or {}}
+        if tool.description:
+            function["description"] = tool.description
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def sampling(body: MessagesRequest) -> SamplingParams:
+    """Sampling settings; Anthropic's defaults (temperature 1) and ranges."""
+    temperature = 1.0 if body.temperature is None else body.temperature
+    if not 0.0 <= temperature <= 1.0:
+        raise invalid("temperature must be between 0 and 1", "temperature")
+    top_p = 1.0 if body.top_p is None else body.top_p
+    if not 0.0 < top_p <= 1.0:
+        raise invalid("top_p must be in (0, 1]", "top_p")
+    top_k = body.top_k or 0
+    if top_k < 0:
+        raise invalid("top_k must be positive", "top_k")
+    return SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
+
+
+def thinking_enabled(body: MessagesRequest) -> bool:
+    """True when the request asks for extended thinking."""
+    return body.thinking is not None and body.thinking.type == "enabled"
+
+
+def tool_input(arguments: str) -> dict[str, Any]:
+    """A parsed tool call's JSON arguments as the ``input`` object."""
+    try:
+        value = json.loads(arguments) if arguments.strip() else {}
+    except json.JSONDecodeError:
+        return {"_raw": arguments}
+    return value if isinstance(value, dict) else {"value": value}

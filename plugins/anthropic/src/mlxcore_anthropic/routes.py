@@ -1,0 +1,183 @@
+"""``POST /v1/messages`` and ``POST /v1/messages/count_tokens``."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from litestar import Request, Response, Router, post
+from litestar.response import Stream
+
+from mlxcore.engine.request import GenerationRequest
+from mlxcore.output import OutputDelta
+from mlxcore.prompts import RenderedPrompt
+from mlxcore.server.errors import APIError, as_api_error, invalid
+from mlxcore.server.requests import (
+    check_model,
+    decode_body,
+    served_name,
+    service_of,
+    unless_disconnected,
+)
+from mlxcore.server.service import Generation, GenerationService
+from mlxcore_anthropic import convert
+from mlxcore_anthropic.encode import (
+    EventWriter,
+    content_blocks,
+    error_body,
+    event,
+    guard_events,
+    new_message_id,
+    stop_reason,
+    usage_body,
+)
+from mlxcore_anthropic.schemas import CountTokensRequest, MessagesRequest
+
+KNOWN_FIELDS = frozenset(MessagesRequest.__struct_fields__)
+
+
+def _prompt(
+    svc: GenerationService, body: MessagesRequest | CountTokensRequest
+) -> tuple[RenderedPrompt, list[dict[str, Any]] | None]:
+    messages = convert.chat_messages(body.messages, convert.system_text(body.system))
+    tools = convert.template_tools(body.tools)
+    if isinstance(body, MessagesRequest) and body.tool_choice is not None:
+        choice = body.tool_choice.type
+        if choice == "none":
+            tools = None
+        elif choice in ("any", "tool"):
+            raise invalid(
+                f"tool_choice {choice!r} needs constrained decoding, which is not available yet; "
+                "use 'auto'",
+                "tool_choice",
+            )
+        elif choice != "auto":
+            raise invalid(f"unknown tool_choice type {choice!r}", "tool_choice.type")
+    kwargs = {"enable_thinking": body.thinking is not None and body.thinking.type == "enabled"}
+    return svc.chat_prompt(messages, tools, kwargs), tools
+
+
+def build_generation(
+    svc: GenerationService, body: MessagesRequest, extras: dict[str, Any]
+) -> Generation:
+    """Validate a Messages request and prepare its generation."""
+    if body.max_tokens < 1:
+        raise invalid("max_tokens must be at least 1", "max_tokens")
+    limit = svc.context_length
+    if limit is not None and body.max_tokens > limit:
+        raise invalid(f"max_tokens exceeds the model's context of {limit}", "max_tokens")
+    rendered, tools = _prompt(svc, body)
+    stops = [s for s in body.stop_sequences or [] if s]
+    request = GenerationRequest(
+        prompt_tokens=tuple(rendered.ids),
+        checkpoints=rendered.checkpoints(),
+        max_tokens=body.max_tokens,
+        sampling=convert.sampling(body),
+        options=extras,
+        request_id=new_message_id(),
+    )
+    pipeline = svc.pipeline(stops=stops, tools=tools, prompt_text=rendered.text)
+    return Generation(request, pipeline)
+
+
+def _extras(raw: dict[str, Any]) -> dict[str, Any]:
+    """Body fields outside the Messages API: per-request plugin options."""
+    return {k: v for k, v in raw.items() if k not in KNOWN_FIELDS}
+
+
+@post("/messages", status_code=200)
+async def messages(request: Request[Any, Any, Any]) -> Any:
+    """Anthropic Messages."""
+    svc = service_of(request)
+    body = await decode_body(request, MessagesRequest)
+    raw = await decode_body(request, dict[str, Any])
+    check_model(svc, body.model)
+    gen = build_generation(svc, body, _extras(raw))
+    deltas = svc.start(gen)
+    model = served_name(svc, body.model)
+    show_thinking = convert.thinking_enabled(body)
+    if body.stream:
+        return Stream(
+            guard_events(_events(gen, deltas, model, show_thinking)),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
+        )
+    out = await unless_disconnected(request, _collect(deltas))
+    reason, sequence = stop_reason(out.finish_reason, gen.pipeline)
+    return {
+        "id": gen.request.request_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content_blocks(out, show_thinking=show_thinking),
+        "stop_reason": reason,
+        "stop_sequence": sequence,
+        "usage": usage_body(gen.usage),
+    }
+
+
+async def _collect(deltas: AsyncIterator[OutputDelta]) -> OutputDelta:
+    total = OutputDelta()
+    async for d in deltas:
+        total.content += d.content
+        total.reasoning += d.reasoning
+        total.tool_calls.extend(d.tool_calls)
+        total.finish_reason = d.finish_reason or total.finish_reason
+    return total
+
+
+async def _events(
+    gen: Generation, deltas: AsyncIterator[OutputDelta], model: str, show_thinking: bool
+) -> AsyncIterator[bytes]:
+    start_usage = {"input_tokens": len(gen.request.prompt_tokens), "output_tokens": 0}
+    message = {
+        "id": gen.request.request_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": start_usage,
+    }
+    yield event("message_start", {"type": "message_start", "message": message})
+    yield event("ping", {"type": "ping"})
+    writer = EventWriter(show_thinking=show_thinking)
+    finish: str | None = None
+    async for d in deltas:
+        for chunk in writer.write(d):
+            yield chunk
+        finish = d.finish_reason or finish
+    for chunk in writer.close():
+        yield chunk
+    reason, sequence = stop_reason(finish, gen.pipeline)
+    delta = {"stop_reason": reason, "stop_sequence": sequence}
+    usage = usage_body(gen.usage)
+    yield event("message_delta", {"type": "message_delta", "delta": delta, "usage": usage})
+    yield event("message_stop", {"type": "message_stop"})
+
+
+@post("/messages/count_tokens", status_code=200)
+async def count_tokens(request: Request[Any, Any, Any]) -> dict[str, int]:
+    """How many input tokens a Messages request's prompt has."""
+    svc = service_of(request)
+    body = await decode_body(request, CountTokensRequest)
+    check_model(svc, body.model)
+    rendered, _ = _prompt(svc, body)
+    return {"input_tokens": len(rendered.ids)}
+
+
+def anthropic_errors(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    """Every error on these routes in Anthropic's shape."""
+    err: APIError = as_api_error(request, exc)
+    status, body = error_body(err)
+    return Response(content=body, status_code=status, headers=err.headers)
+
+
+def messages_router() -> Router:
+    """The ``/v1`` router with the Messages routes and Anthropic-shaped errors."""
+    return Router(
+        path="/v1",
+        route_handlers=[messages, count_tokens],
+        exception_handlers={Exception: anthropic_errors},
+    )
