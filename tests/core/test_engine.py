@@ -317,7 +317,10 @@ def test_hybrid_multi_turn_chat_reuses_the_history_snapshot(tiny_qwen3_5: Path) 
         req1 = GenerationRequest(tuple(first.ids), 6, checkpoints=first.checkpoints())
         out1, _ = run(rt, req1)
         reply = rt.tokenizer.decode([t for t in out1 if t not in rt.info.eos_token_ids])
-        history += [{"role": "assistant", "content": reply}, {"role": "user", "content": "Another."}]
+        history += [
+            {"role": "assistant", "content": reply},
+            {"role": "user", "content": "Another."},
+        ]
         second = render_chat(rt.tokenizer, history)
         req2 = GenerationRequest(tuple(second.ids), 8, checkpoints=second.checkpoints())
         out2, f2 = run(rt, req2)

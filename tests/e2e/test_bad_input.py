@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 if TYPE_CHECKING:
-    from conftest import Server, ServerFactory
+    from mlxcore.testing.server import Server, ServerFactory
 
 pytestmark = pytest.mark.e2e
 

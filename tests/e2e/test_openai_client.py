@@ -19,7 +19,7 @@ import openai
 import pytest
 
 if TYPE_CHECKING:
-    from conftest import Server
+    from mlxcore.testing.server import Server
 
 pytestmark = pytest.mark.e2e
 

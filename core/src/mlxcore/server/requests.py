@@ -56,6 +56,19 @@ async def decode_body(request: Request[Any, Any, Any], body_type: type[T]) -> T:
         raise invalid("the request body is nested too deeply") from None
 
 
+async def body_extras(request: Request[Any, Any, Any], known: frozenset[str]) -> dict[str, Any]:
+    """Top-level body fields outside the API's own schema (names in ``known``).
+
+    They become the request's plugin options (``GenerationRequest.options``), so a
+    plugin can take per-request settings such as ``"speculative": false`` without
+    the front ends knowing about it. Call after :func:`decode_body` succeeded.
+    """
+    raw = msgspec.json.decode(await request.body())
+    if not isinstance(raw, dict):
+        return {}
+    return {k: v for k, v in raw.items() if k not in known}
+
+
 async def _disconnected(request: Request[Any, Any, Any]) -> None:
     """Return when the client hangs up (the body must have been read already)."""
     while True:

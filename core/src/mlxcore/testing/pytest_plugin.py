@@ -9,6 +9,9 @@ Registered through the ``pytest11`` entry point, so any project that installs ml
     run are reused by the next. Call it as ``factory("qwen3", seed=1, num_hidden_layers=3)``.
 ``tiny_llama``, ``tiny_qwen3``, ``tiny_qwen3_5``, ``tiny_gemma4``
     session-scoped paths of the default tiny model of each family.
+``mlxcore_server``
+    session-scoped factory ``(model, *flags) -> Server`` starting real ``mlxcore serve``
+    subprocesses on free ports (see :mod:`mlxcore.testing.server`), all stopped at the end.
 
 This module is imported in every pytest run: it must stay cheap (mlx is imported only
 when a fixture builds a model).
@@ -17,8 +20,9 @@ when a fixture builds a model).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,3 +60,13 @@ def tiny_qwen3_5(mlxcore_model_factory: ModelFactory) -> Path:
 def tiny_gemma4(mlxcore_model_factory: ModelFactory) -> Path:
     """Tiny Gemma 4 text model with the Gemma 4 special tokens and template."""
     return mlxcore_model_factory("gemma4_text")
+
+
+@pytest.fixture(scope="session")
+def mlxcore_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Start ``mlxcore serve`` subprocesses: ``mlxcore_server(model, *flags) -> Server``."""
+    from mlxcore.testing.server import ServerPool
+
+    pool = ServerPool(tmp_path_factory.mktemp("mlxcore-servers"))
+    yield pool
+    pool.close()

@@ -13,6 +13,7 @@ from mlxcore.output import OutputDelta
 from mlxcore.prompts import RenderedPrompt
 from mlxcore.server.errors import APIError, as_api_error, invalid
 from mlxcore.server.requests import (
+    body_extras,
     check_model,
     decode_body,
     served_name,
@@ -80,19 +81,14 @@ def build_generation(
     return Generation(request, pipeline)
 
 
-def _extras(raw: dict[str, Any]) -> dict[str, Any]:
-    """Body fields outside the Messages API: per-request plugin options."""
-    return {k: v for k, v in raw.items() if k not in KNOWN_FIELDS}
-
-
 @post("/messages", status_code=200)
 async def messages(request: Request[Any, Any, Any]) -> Any:
     """Anthropic Messages."""
     svc = service_of(request)
     body = await decode_body(request, MessagesRequest)
-    raw = await decode_body(request, dict[str, Any])
+    extras = await body_extras(request, KNOWN_FIELDS)
     check_model(svc, body.model)
-    gen = build_generation(svc, body, _extras(raw))
+    gen = await svc.prepare(build_generation, svc, body, extras)
     deltas = svc.start(gen)
     model = served_name(svc, body.model)
     show_thinking = convert.thinking_enabled(body)
@@ -163,7 +159,7 @@ async def count_tokens(request: Request[Any, Any, Any]) -> dict[str, int]:
     svc = service_of(request)
     body = await decode_body(request, CountTokensRequest)
     check_model(svc, body.model)
-    rendered, _ = _prompt(svc, body)
+    rendered, _ = await svc.prepare(_prompt, svc, body)
     return {"input_tokens": len(rendered.ids)}
 
 

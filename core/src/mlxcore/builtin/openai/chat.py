@@ -25,6 +25,7 @@ from mlxcore.builtin.openai.schemas import ChatCompletionRequest
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.output import OutputDelta
 from mlxcore.server.requests import (
+    body_extras,
     check_model,
     decode_body,
     served_name,
@@ -33,9 +34,14 @@ from mlxcore.server.requests import (
 )
 from mlxcore.server.service import Generation, GenerationService
 
+KNOWN_FIELDS = frozenset(ChatCompletionRequest.__struct_fields__)
 
-def build_generations(svc: GenerationService, body: ChatCompletionRequest) -> list[Generation]:
-    """Validate ``body`` and prepare one :class:`Generation` per choice (``n``)."""
+
+def build_generations(
+    svc: GenerationService, body: ChatCompletionRequest, options: dict[str, Any]
+) -> list[Generation]:
+    """Validate ``body`` and prepare one :class:`Generation` per choice (``n``);
+    ``options`` are the body's extra fields, for plugins."""
     convert.check_chat_fields(body)
     messages = convert.normalize_messages(body.messages)
     tools = body.tools if body.tool_choice != "none" else None
@@ -60,9 +66,6 @@ def build_generations(svc: GenerationService, body: ChatCompletionRequest) -> li
         top_logprobs=top,
     )
     stops = convert.stop_strings(body.stop)
-    options: dict[str, Any] = {}
-    if body.speculative is not None:
-        options["speculative"] = body.speculative
     gens = []
     for i in range(body.n):
         params = sampling
@@ -86,8 +89,9 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Any:
     """OpenAI chat completions."""
     svc = service_of(request)
     body = await decode_body(request, ChatCompletionRequest)
+    options = await body_extras(request, KNOWN_FIELDS)
     check_model(svc, body.model)
-    gens = await svc.prepare(build_generations, svc, body)
+    gens = await svc.prepare(build_generations, svc, body, options)
     streams = svc.start_all(gens)
     model = served_name(svc, body.model)
     logprobs = LogprobEncoder(svc.runtime.tokenizer) if body.logprobs else None

@@ -26,6 +26,7 @@ from mlxcore.engine.request import GenerationRequest
 from mlxcore.output import OutputDelta
 from mlxcore.server.errors import invalid
 from mlxcore.server.requests import (
+    body_extras,
     check_model,
     decode_body,
     served_name,
@@ -50,7 +51,12 @@ def _prompt_tokens(svc: GenerationService, prompt: str | list[str | int]) -> lis
     raise invalid("prompt must be a string, a one-string list or a list of token ids", "prompt")
 
 
-def build_generations(svc: GenerationService, body: CompletionRequest) -> list[Generation]:
+KNOWN_FIELDS = frozenset(CompletionRequest.__struct_fields__)
+
+
+def build_generations(
+    svc: GenerationService, body: CompletionRequest, options: dict[str, Any]
+) -> list[Generation]:
     """Validate ``body`` and prepare one generation per choice."""
     if body.suffix:
         raise invalid("suffix is not supported", "suffix")
@@ -70,7 +76,6 @@ def build_generations(svc: GenerationService, body: CompletionRequest) -> list[G
         body.max_tokens, 16, svc.context_length, prompt_len=len(prompt), prompt_param="prompt"
     )
     stops = convert.stop_strings(body.stop)
-    options: dict[str, Any] = {} if body.speculative is None else {"speculative": body.speculative}
     gens = []
     for i in range(body.n):
         params = sampling
@@ -92,8 +97,9 @@ async def completions(request: Request[Any, Any, Any]) -> Any:
     """OpenAI (legacy) text completions."""
     svc = service_of(request)
     body = await decode_body(request, CompletionRequest)
+    options = await body_extras(request, KNOWN_FIELDS)
     check_model(svc, body.model)
-    gens = await svc.prepare(build_generations, svc, body)
+    gens = await svc.prepare(build_generations, svc, body, options)
     echo = ""
     if body.echo:
         echo = await svc.prepare(svc.runtime.tokenizer.decode, list(gens[0].request.prompt_tokens))

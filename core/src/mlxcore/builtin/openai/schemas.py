@@ -40,7 +40,6 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     stream_options: StreamOptions | None = None
     n: int = 1
     user: str | None = None
-    speculative: bool | None = None
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):

@@ -1,0 +1,178 @@
+"""The Anthropic Messages API through the official `anthropic` SDK, against a real
+uvicorn server running a real tiny Qwen3 model. The scripted-output test plugin
+makes the random-weight model write a chosen text, so thinking and tool use go
+through the real engine and the real parsers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+KEY = "anthropic-test-key"
+WEATHER = {
+    "name": "get_weather",
+    "description": "Weather for a city",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city"],
+    },
+}
+TOOL_SCRIPT = (
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n</tool_call>'
+)
+
+
+@pytest.fixture(scope="module")
+def server(mlxcore_server: Any, tiny_qwen3: Path) -> Any:
+    return mlxcore_server(
+        tiny_qwen3,
+        "--plugin",
+        "mlxcore.testing.scripted",
+        "--served-model-name",
+        "tiny",
+        "--api-key",
+        KEY,
+    )
+
+
+@pytest.fixture(scope="module")
+def client(server: Any) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=server.base_url, api_key=KEY, max_retries=0)
+
+
+def ask(client: anthropic.Anthropic, script: str, **kwargs: Any) -> Any:
+    kwargs.setdefault("max_tokens", 64)
+    kwargs.setdefault("messages", [{"role": "user", "content": "Hi"}])
+    return client.messages.create(model="tiny", extra_body={"test_script": script}, **kwargs)
+
+
+def test_text_reply_with_usage(client: anthropic.Anthropic) -> None:
+    msg = ask(client, "Hello there, friend.")
+    assert msg.type == "message" and msg.role == "assistant" and msg.model == "tiny"
+    assert [b.type for b in msg.content] == ["text"]
+    assert msg.content[0].text == "Hello there, friend."
+    assert msg.stop_reason == "end_turn" and msg.stop_sequence is None
+    assert msg.usage.input_tokens + (msg.usage.cache_read_input_tokens or 0) > 5
+    assert msg.usage.output_tokens >= 5
+
+
+def test_thinking_and_text_blocks(client: anthropic.Anthropic) -> None:
+    script = "<think>\nThe user greets me.\n</think>\n\nHello!"
+    msg = ask(client, script, thinking={"type": "enabled", "budget_tokens": 1024})
+    assert [b.type for b in msg.content] == ["thinking", "text"]
+    assert msg.content[0].thinking.strip() == "The user greets me."
+    assert msg.content[1].text == "Hello!"
+    hidden = ask(client, script)  # thinking not requested: reasoning is not shown
+    assert [b.type for b in hidden.content] == ["text"]
+    assert "<think>" not in hidden.content[0].text
+
+
+def test_tool_use_block(client: anthropic.Anthropic) -> None:
+    msg = ask(client, TOOL_SCRIPT, tools=[WEATHER])
+    assert msg.stop_reason == "tool_use"
+    [block] = msg.content
+    assert block.type == "tool_use" and block.name == "get_weather"
+    assert block.input == {"city": "Paris", "days": 3}
+    assert block.id.startswith("toolu_")
+
+
+def test_tool_result_round_trip(client: anthropic.Anthropic) -> None:
+    first = ask(client, TOOL_SCRIPT, tools=[WEATHER])
+    call = first.content[0]
+    messages = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": [c.model_dump() for c in first.content]},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "Sunny, 21C"}],
+        },
+    ]
+    msg = ask(client, "It is sunny.", tools=[WEATHER], messages=messages)
+    assert msg.content[0].text == "It is sunny."
+
+
+def test_stream_event_sequence_matches_non_stream(client: anthropic.Anthropic) -> None:
+    script = "<think>\nplan\n</think>\n\nCalling it." + TOOL_SCRIPT
+    kwargs: dict[str, Any] = {
+        "model": "tiny",
+        "max_tokens": 96,
+        "messages": [{"role": "user", "content": "Weather?"}],
+        "tools": [WEATHER],
+        "thinking": {"type": "enabled", "budget_tokens": 1024},
+        "extra_body": {"test_script": script},
+    }
+    with client.messages.stream(**kwargs) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_message()
+    plain = client.messages.create(**kwargs)
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    assert "message_delta" in kinds
+    assert [b.type for b in final.content] == ["thinking", "text", "tool_use"]
+    assert [b.model_dump(exclude={"id"}) for b in final.content] == [
+        b.model_dump(exclude={"id"}) for b in plain.content
+    ]
+    assert final.stop_reason == plain.stop_reason == "tool_use"
+    assert final.usage.output_tokens == plain.usage.output_tokens
+
+
+def test_stop_sequences_and_max_tokens(client: anthropic.Anthropic) -> None:
+    msg = ask(client, "one two three four", stop_sequences=[" three"])
+    assert msg.content[0].text == "one two"
+    assert msg.stop_reason == "stop_sequence" and msg.stop_sequence == " three"
+    short = ask(client, "alpha beta gamma delta epsilon zeta eta theta", max_tokens=3)
+    assert short.stop_reason == "max_tokens" and short.usage.output_tokens == 3
+
+
+def test_count_tokens_and_prefix_cache_reads(client: anthropic.Anthropic) -> None:
+    system = "You are a careful assistant. " * 40
+    messages = [{"role": "user", "content": "What is two plus two?"}]
+    counted = client.messages.count_tokens(model="tiny", system=system, messages=messages)
+    first = ask(client, "Four.", system=system, messages=messages)
+    assert counted.input_tokens == first.usage.input_tokens + (
+        first.usage.cache_read_input_tokens or 0
+    )
+    follow = ask(
+        client,
+        "Six.",
+        system=system,
+        messages=[
+            *messages,
+            {"role": "assistant", "content": "Four."},
+            {"role": "user", "content": "And 3+3?"},
+        ],
+    )
+    assert (follow.usage.cache_read_input_tokens or 0) > counted.input_tokens // 2
+
+
+def test_errors_in_anthropic_shape(server: Any, client: anthropic.Anthropic) -> None:
+    bad_key = anthropic.Anthropic(base_url=server.base_url, api_key="wrong", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError):
+        bad_key.messages.create(
+            model="tiny", max_tokens=5, messages=[{"role": "user", "content": "x"}]
+        )
+    with pytest.raises(anthropic.NotFoundError):
+        client.messages.create(
+            model="nope", max_tokens=5, messages=[{"role": "user", "content": "x"}]
+        )
+    response = httpx.post(
+        f"{server.base_url}/v1/messages",
+        headers={"x-api-key": KEY},
+        json={"model": "tiny", "messages": [{"role": "user", "content": "x"}]},
+    )
+    assert response.status_code == 400
+    body = response.json()
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+    assert "max_tokens" in body["error"]["message"]
+    response = httpx.post(
+        f"{server.base_url}/v1/messages",
+        headers={"x-api-key": KEY},
+        json={"model": "tiny", "max_tokens": 5, "messages": [{"role": "robot", "content": "x"}]},
+    )
+    assert response.status_code == 400 and "role" in response.json()["error"]["message"]
