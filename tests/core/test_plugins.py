@@ -312,3 +312,22 @@ def test_reasoning_parsers_hook_and_auto_selection(plugin_dir: Path) -> None:
     assert Parsers.select(hooks, with_marker, "auto", "none").reasoning is None
     with pytest.raises(UsageError, match="no such parser"):
         Parsers.select(hooks, without, "auto", "nope")
+
+
+def test_chat_template_hook_chains_rewrites(plugin_dir: Path) -> None:
+    first = write_plugin(
+        plugin_dir,
+        "tpl_first",
+        "def mlxcore_chat_template(info, template):\n    return template + ' one'\n",
+    )
+    second = write_plugin(
+        plugin_dir,
+        "tpl_second",
+        "def mlxcore_chat_template(info, template):\n"
+        "    return template + ' two' if 'one' in template else None\n",
+    )
+    hooks = load(first, second)
+    info = ModelInfo(path=Path("."), model_type="x")
+    # priority order: the plugin named last is called first, so it sees "base" and passes
+    assert hooks.chat_template(info, "base") == "base one"
+    assert load(second, first).chat_template(info, "base") == "base one two"

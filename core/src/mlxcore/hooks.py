@@ -9,6 +9,7 @@ that refuse duplicate names.
 from __future__ import annotations
 
 import argparse
+import logging
 from typing import Any, TypeVar
 
 import pluggy
@@ -22,6 +23,7 @@ from mlxcore.parsers.base import ReasoningParser, ToolParser
 from mlxcore.registry import Registry
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class PluginHooks:
@@ -106,6 +108,22 @@ class PluginHooks:
     def patch_model(self, model: Any, info: ModelInfo, config: ServerConfig) -> None:
         """``mlxcore_patch_model`` on every plugin."""
         self._call_each("mlxcore_patch_model", model=model, info=info, config=config)
+
+    def chat_template(self, info: ModelInfo, template: str) -> str:
+        """``mlxcore_chat_template`` on every plugin, each rewriting the last result."""
+        caller: pluggy.HookCaller = self.pm.hook.mlxcore_chat_template
+        for impl in reversed(caller.get_hookimpls()):
+            args = {"info": info, "template": template}
+            try:
+                result = impl.function(**{name: args[name] for name in impl.argnames})
+            except Exception as exc:
+                raise PluginError(
+                    impl.plugin_name, f"{type(exc).__name__}: {exc}", hook="mlxcore_chat_template"
+                ) from exc
+            if isinstance(result, str) and result != template:
+                log.info("plugin %s rewrote the chat template", impl.plugin_name)
+                template = result
+        return template
 
     def cache_strategy(self, model: Any, info: ModelInfo, config: ServerConfig) -> CacheStrategy:
         """The cache strategy to use (``--cache-strategy`` or the first offered)."""

@@ -101,6 +101,26 @@ def mlxcore_patch_model(model: Any, info: ModelInfo, config: ServerConfig) -> No
 
 
 @hookspec
+def mlxcore_chat_template(info: ModelInfo, template: str) -> str | None:
+    """Rewrite the model's chat template, or return ``None`` to leave it alone.
+
+    When: once per model at load, after ``mlxcore_patch_model``; each plugin gets the
+    template as the previous one left it. For template quirks that break prefix
+    reuse across the turns of a conversation (a template that re-renders earlier
+    turns differently once a new message arrives): return a prefix-stable variant.
+    Model-family plugins implement this; the core has no per-family cases.
+
+    Example::
+
+        @hookimpl
+        def mlxcore_chat_template(info, template):
+            if info.model_type == "qwen3_5" and QUIRK in template:
+                return template.replace(QUIRK, STABLE)
+            return None
+    """
+
+
+@hookspec
 def mlxcore_tool_parsers() -> list[type[ToolParser]]:
     """Offer tool-call parser classes (subclasses of :class:`~mlxcore.parsers.ToolParser`).
 

@@ -75,6 +75,13 @@ def build_runtime(config: ServerConfig, hooks: PluginHooks) -> Runtime:
     _, resolved = resolve_model_path(config.model)
     loaded = load_model(resolved)
     hooks.patch_model(loaded.model, loaded.info, config)
+    info = loaded.info
+    if info.chat_template:
+        template = hooks.chat_template(info, info.chat_template)
+        if template != info.chat_template:
+            loaded.tokenizer.chat_template = template  # this tokenizer instance only
+            info = attrs.evolve(info, chat_template=template)
+            loaded = attrs.evolve(loaded, info=info)
     parsers = Parsers.select(hooks, loaded.info, config.tool_call_parser, config.reasoning_parser)
     engine = Engine(loaded.model, loaded.info, hooks, config)
     hidden = loaded.info.eos_token_ids | parsers.control_ids(loaded.info.vocab)
