@@ -37,7 +37,10 @@ class CompiledTokenizer:
         hf = getattr(tokenizer, "_tokenizer", tokenizer)
         eos = sorted(getattr(tokenizer, "eos_token_ids", None) or {hf.eos_token_id})
         self.eos_token_ids: tuple[int, ...] = tuple(eos)
-        self.ll = llguidance.hf.from_tokenizer(hf, eos_token=list(eos))
+        try:
+            self.ll = llguidance.hf.from_tokenizer(hf, eos_token=list(eos))
+        except Exception as exc:
+            raise RuntimeError(f"constrained decoding cannot use this tokenizer: {exc}") from exc
         self.vocab_size: int = self.ll.vocab_size
         self.cache_size = cache_size
         self._grammars: collections.OrderedDict[str, llguidance.LLMatcher] = (

@@ -104,9 +104,7 @@ class ConstrainedProcessor:
         if self._seen is None:
             self._seen = length
         elif length > self._seen:
-            new = tokens[self._seen :]
-            ids: list[int] = new.tolist() if isinstance(new, mx.array) else list(new)  # type: ignore[assignment]
-            self._advance(ids)
+            self._advance(_token_list(tokens[self._seen :]))
             self._seen = length
         elif length < self._seen:
             self._rewind(self._seen - length)
@@ -157,6 +155,14 @@ class ConstrainedProcessor:
 
     def _error(self) -> str:
         return str(self.matcher.get_error()).split("\n<state>", 1)[0].strip() or "no detail"
+
+
+def _token_list(tokens: Any) -> list[int]:
+    """Token ids as ints; reading an MLX array waits for a token still being computed."""
+    if isinstance(tokens, mx.array):
+        ids: list[int] = tokens.tolist()  # type: ignore[assignment]
+        return ids
+    return [int(t) for t in tokens]
 
 
 def make_processor(

@@ -210,12 +210,13 @@ class ConstrainedToolCallParser(ToolParser):
         names = self.tool_names()
         out = []
         for item in value:
-            if not isinstance(item, dict) or item.get("name") not in names:
+            name = item.get("name") if isinstance(item, dict) else None
+            if not isinstance(name, str) or name not in names:
                 return None
             params = item.get("parameters", {})
             if not isinstance(params, dict):
                 return None
-            out.append(ToolCall(item["name"], _arguments(params)))
+            out.append(ToolCall(name, _arguments(params)))
         return out
 
 
