@@ -40,6 +40,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "mlxcore.builtin.strategies",
     "mlxcore.builtin.parsers",
     "mlxcore.builtin.openai",
+    "mlxcore.builtin.structured",
 )
 """Module paths of the built-in plugins, registered before any other."""
 

@@ -17,6 +17,7 @@ from mlxcore.engine.engine import Engine
 from mlxcore.hooks import PluginHooks
 from mlxcore.model_info import ModelInfo
 from mlxcore.output import OutputPipeline
+from mlxcore.parsers.base import ToolParser
 from mlxcore.parsers.selection import Parsers
 
 log = logging.getLogger(__name__)
@@ -43,15 +44,19 @@ class Runtime:
         tools: Sequence[Mapping[str, Any]] | None = None,
         prompt_text: str = "",
         parse: bool = True,
+        tool_parser: ToolParser | None = None,
     ) -> OutputPipeline:
         """A fresh output pipeline for one request, with this model's parsers
-        (``parse=False``: raw text, as for text completions)."""
+        (``parse=False``: raw text, as for text completions; ``tool_parser``: use this
+        instance instead of the model's, e.g. for constrained tool choice)."""
+        if tool_parser is None and parse:
+            tool_parser = self.parsers.tool_parser(tools)
         return OutputPipeline(
             self.tokenizer.detokenizer,
             hidden_ids=self.hidden_ids,
             stops=stops,
             reasoning=self.parsers.reasoning_parser(prompt_text) if parse else None,
-            tools=self.parsers.tool_parser(tools) if parse else None,
+            tools=tool_parser,
         )
 
 

@@ -7,6 +7,7 @@ and OpenAI-shaped errors for everything.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 from collections.abc import AsyncIterator
@@ -17,6 +18,7 @@ from litestar import Litestar, Request, Response, get
 from litestar.config.cors import CORSConfig
 from litestar.handlers import HTTPRouteHandler
 
+from mlxcore import structured
 from mlxcore.cli.runtime import Runtime
 from mlxcore.errors import PluginError
 from mlxcore.hooks import PluginHooks
@@ -94,9 +96,12 @@ def create_app(runtime: Runtime, hooks: PluginHooks) -> Litestar:
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         runtime.engine.start()
+        # compile the tokenizer for constrained decoding now, not on the first request
+        warm = asyncio.ensure_future(service.prepare(structured.prepare, runtime.tokenizer))
         try:
             yield
         finally:
+            warm.cancel()
             runtime.engine.shutdown()
             service.close()
 

@@ -8,6 +8,7 @@ from typing import Any
 from litestar import Request, Response, Router, post
 from litestar.response import Stream
 
+from mlxcore import structured
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.output import OutputDelta
 from mlxcore.prompts import RenderedPrompt
@@ -46,13 +47,7 @@ def _prompt(
         choice = body.tool_choice.type
         if choice == "none":
             tools = None
-        elif choice in ("any", "tool"):
-            raise invalid(
-                f"tool_choice {choice!r} needs constrained decoding, which is not available yet; "
-                "use 'auto'",
-                "tool_choice",
-            )
-        elif choice != "auto":
+        elif choice not in ("auto", "any", "tool"):
             raise invalid(f"unknown tool_choice type {choice!r}", "tool_choice.type")
     kwargs = {"enable_thinking": body.thinking is not None and body.thinking.type == "enabled"}
     return svc.chat_prompt(messages, tools, kwargs), tools
@@ -69,16 +64,46 @@ def build_generation(
         raise invalid(f"max_tokens exceeds the model's context of {limit}", "max_tokens")
     rendered, tools = _prompt(svc, body)
     stops = [s for s in body.stop_sequences or [] if s]
+    reserved = (structured.OPTION, structured.START_AFTER_OPTION)
+    options = {k: v for k, v in extras.items() if k not in reserved}
+    forced = _forced_tool_choice(body, tools)
+    if forced is not None:
+        options[structured.OPTION] = forced[0]
+        if convert.thinking_enabled(body) and svc.runtime.parsers.reasoning is not None:
+            options[structured.START_AFTER_OPTION] = "</think>"
     request = GenerationRequest(
         prompt_tokens=tuple(rendered.ids),
         checkpoints=rendered.checkpoints(),
         max_tokens=body.max_tokens,
         sampling=convert.sampling(body),
-        options=extras,
+        options=options,
         request_id=new_message_id(),
     )
-    pipeline = svc.pipeline(stops=stops, tools=tools, prompt_text=rendered.text)
+    pipeline = svc.pipeline(
+        stops=stops,
+        tools=tools,
+        prompt_text=rendered.text,
+        tool_parser=forced[1] if forced else None,
+    )
     return Generation(request, pipeline)
+
+
+def _forced_tool_choice(body: MessagesRequest, tools: list[dict[str, Any]] | None) -> Any:
+    """Constraint and parser for ``tool_choice`` ``any`` / ``tool`` (else ``None``)."""
+    choice = body.tool_choice
+    if choice is None or choice.type not in ("any", "tool"):
+        return None
+    openai_choice: Any = "required"
+    if choice.type == "tool":
+        if not choice.name:
+            raise invalid("tool_choice of type tool needs a name", "tool_choice.name")
+        openai_choice = {"type": "function", "function": {"name": choice.name}}
+    try:
+        return structured.tool_choice_constraint(
+            tools, openai_choice, parallel=not choice.disable_parallel_tool_use
+        )
+    except structured.ConstraintError as exc:
+        raise invalid(str(exc), "tool_choice") from None
 
 
 @post("/messages", status_code=200)

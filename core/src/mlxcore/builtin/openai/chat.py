@@ -10,6 +10,7 @@ import attrs
 from litestar import Request, Response, post
 from litestar.response import Stream
 
+from mlxcore import structured
 from mlxcore.builtin.openai import convert
 from mlxcore.builtin.openai.encode import (
     SSE_DONE,
@@ -66,6 +67,11 @@ def build_generations(
         top_logprobs=top,
     )
     stops = convert.stop_strings(body.stop)
+    thinks = (
+        svc.runtime.parsers.reasoning is not None and kwargs.get("enable_thinking") is not False
+    )
+    forced_options, forced_parser = convert.constraint_options(body, thinks=thinks)
+    options = {**_plugin_options(options), **forced_options}
     gens = []
     for i in range(body.n):
         params = sampling
@@ -79,9 +85,20 @@ def build_generations(
             options=options,
             request_id=new_id("chatcmpl"),
         )
-        pipe = svc.pipeline(stops=stops, tools=tools, prompt_text=prompt_text)
+        pipe = svc.pipeline(
+            stops=stops,
+            tools=tools,
+            prompt_text=prompt_text,
+            tool_parser=forced_parser() if forced_parser else None,
+        )
         gens.append(Generation(req, pipe))
     return gens
+
+
+def _plugin_options(extras: dict[str, Any]) -> dict[str, Any]:
+    """Body extras minus the keys the front end itself sets (never client-controlled)."""
+    reserved = (structured.OPTION, structured.START_AFTER_OPTION)
+    return {k: v for k, v in extras.items() if k not in reserved}
 
 
 @post("/v1/chat/completions", status_code=200)

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from mlxcore import structured
 from mlxcore.builtin.openai.schemas import ChatCompletionRequest, Message, SamplingFields
 from mlxcore.engine.request import SamplingParams
+from mlxcore.parsers.base import ToolParser
 from mlxcore.server.errors import APIError, invalid
 
 MAX_N = 16
@@ -205,22 +207,10 @@ def normalize_messages(messages: list[Message]) -> list[dict[str, Any]]:
 
 
 def check_chat_fields(body: ChatCompletionRequest) -> None:
-    """Refuse chat fields this server cannot honour yet, naming them."""
-    fmt = body.response_format
-    if fmt is not None and fmt.get("type") not in (None, "text"):
-        raise invalid(
-            f"response_format type {fmt.get('type')!r} is not supported by this server yet",
-            "response_format",
-        )
+    """Refuse chat fields this server cannot honour, naming them."""
     choice = body.tool_choice
     if isinstance(choice, str) and choice not in ("none", "auto", "required"):
         raise invalid(f"tool_choice {choice!r} is not one of none, auto, required", "tool_choice")
-    if choice == "required" or isinstance(choice, dict):
-        raise invalid(
-            "tool_choice 'required' and named functions need constrained decoding, which is "
-            "not available yet; use 'auto'",
-            "tool_choice",
-        )
     if body.chat_template_kwargs and "chat_template" in body.chat_template_kwargs:
         # A template from the request would run on the server: a loop in it stalls the
         # event loop for everyone (vLLM refuses these unless told to trust requests).
@@ -234,3 +224,37 @@ def check_chat_fields(body: ChatCompletionRequest) -> None:
             raise invalid("each tool must be {type: function, function: {...}}", f"tools[{i}]")
         if not isinstance(fn.get("name"), str) or not fn["name"]:
             raise invalid("a tool function needs a name", f"tools[{i}].function.name")
+
+
+def constraint_options(
+    body: ChatCompletionRequest, *, thinks: bool
+) -> tuple[dict[str, Any], Callable[[], ToolParser] | None]:
+    """Engine options enforcing ``response_format`` / ``tool_choice``, and for a forced
+    tool choice a factory of the parser that reads the constrained output back.
+
+    A forced tool choice wins over ``response_format`` (as in vLLM). ``thinks``: the
+    model may reason first, so the constraint starts after its ``</think>``.
+    """
+    options: dict[str, Any] = {}
+    try:
+        forced = structured.tool_choice_constraint(
+            body.tools, body.tool_choice, parallel=body.parallel_tool_calls is not False
+        )
+        constraint = forced[0] if forced else structured.from_response_format(body.response_format)
+    except structured.ConstraintError as exc:
+        field = (
+            "tool_choice" if body.tool_choice not in (None, "auto", "none") else "response_format"
+        )
+        raise invalid(str(exc), field) from None
+    if constraint is None:
+        return options, None
+    options[structured.OPTION] = constraint
+    if thinks:
+        options[structured.START_AFTER_OPTION] = "</think>"
+    if forced is None:
+        return options, None
+    tools, choice = list(body.tools or []), body.tool_choice
+    if isinstance(choice, Mapping):
+        name = choice["function"]["name"]
+        return options, lambda: structured.ConstrainedToolCallParser(tools, mode="named", name=name)
+    return options, lambda: structured.ConstrainedToolCallParser(tools, mode="required")
