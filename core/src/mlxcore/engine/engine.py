@@ -171,6 +171,7 @@ class Engine:
             "prefix_cache_bytes": cache.nbytes,
         }
         out.update({f"decoder_{k}": v for k, v in self.decoder.stats().items()})
+        out.update({f"prefill_{k}": v for k, v in self.prefill.stats().items()})
         return out
 
     def _validate(self, request: GenerationRequest) -> None:
@@ -382,6 +383,8 @@ class Engine:
 
     def _finish(self, live: _Live, reason: str, error: str | None = None) -> None:
         self._live.pop(live.handle.uid, None)
+        if live.seq is not None:
+            live.usage.extra.update(live.seq.usage)
         live.handle.finished.set()
         live.handle.sink(FinishEvent(reason, live.usage, error))
 

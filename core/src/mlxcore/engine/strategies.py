@@ -166,6 +166,10 @@ class PrefillStrategy(abc.ABC):
     def prefill(self, task: PrefillTask) -> PrefillGenerator:
         """Run the prefill as a generator (see :data:`PrefillGenerator`)."""
 
+    def stats(self) -> dict[str, float]:
+        """Strategy-specific counters for /metrics (e.g. applications, time saved)."""
+        return {}
+
 
 @attrs.frozen
 class StepToken:
@@ -191,6 +195,8 @@ class DecodeSequence:
         next_token: the latest sampled token, not yet fed to the model.
         sampler: draws the next token from log-probabilities.
         logits_processors: applied to the logits before sampling, in order.
+        usage: per-request extension fields the decoder reports (e.g. a speculative
+            decoder's acceptance rate); merged into the response's ``usage``.
     """
 
     uid: int
@@ -200,6 +206,7 @@ class DecodeSequence:
     next_token: int
     sampler: Sampler
     logits_processors: list[LogitsProcessor] = attrs.field(factory=list)
+    usage: dict[str, Any] = attrs.field(factory=dict)
 
 
 @attrs.define
