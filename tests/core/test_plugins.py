@@ -331,3 +331,25 @@ def test_chat_template_hook_chains_rewrites(plugin_dir: Path) -> None:
     # priority order: the plugin named last is called first, so it sees "base" and passes
     assert hooks.chat_template(info, "base") == "base one"
     assert load(second, first).chat_template(info, "base") == "base one two"
+
+
+def test_validate_options_hook(plugin_dir: Path) -> None:
+    name = write_plugin(
+        plugin_dir,
+        "opts_plugin",
+        """
+        def mlxcore_validate_options(options, config):
+            keep = options.get("keep")
+            if keep is not None and not 0 < keep <= 1:
+                raise ValueError("keep", "must be in (0, 1]")
+            if options.get("boom"):
+                raise RuntimeError("bug in the plugin")
+        """,
+    )
+    hooks = load(name)
+    hooks.validate_options({"keep": 0.5, "other": 1}, ServerConfig())
+    with pytest.raises(ValueError) as err:
+        hooks.validate_options({"keep": 2}, ServerConfig())
+    assert err.value.args == ("keep", "must be in (0, 1]")
+    with pytest.raises(PluginError, match=r"opts_plugin.*mlxcore_validate_options"):
+        hooks.validate_options({"boom": True}, ServerConfig())

@@ -147,6 +147,24 @@ class PluginHooks:
 
     # -- request set-up ----------------------------------------------------
 
+    def validate_options(self, options: dict[str, Any], config: ServerConfig) -> None:
+        """``mlxcore_validate_options`` on every plugin; a plugin's ``ValueError``
+        passes through (the front end turns it into a 400), anything else is a
+        :class:`PluginError`."""
+        caller: pluggy.HookCaller = self.pm.hook.mlxcore_validate_options
+        args = {"options": options, "config": config}
+        for impl in reversed(caller.get_hookimpls()):
+            try:
+                impl.function(**{name: args[name] for name in impl.argnames})
+            except ValueError:
+                raise
+            except Exception as exc:
+                raise PluginError(
+                    impl.plugin_name,
+                    f"{type(exc).__name__}: {exc}",
+                    hook="mlxcore_validate_options",
+                ) from exc
+
     def logits_processors(
         self, request: GenerationRequest, info: ModelInfo
     ) -> list[LogitsProcessor]:

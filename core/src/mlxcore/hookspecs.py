@@ -227,6 +227,27 @@ def mlxcore_logits_processors(
 
 
 @hookspec
+def mlxcore_validate_options(options: dict[str, Any], config: ServerConfig) -> None:
+    """Check the per-request options this plugin reads; raise ``ValueError`` if bad.
+
+    When: at request set-up, in the front end, before the request reaches the
+    engine. ``options`` are the request body's top-level fields that the API does
+    not define (they become ``GenerationRequest.options``). Raise ``ValueError``
+    whose first argument names the field (e.g. ``"specprefill.keep"``) and whose
+    message says what is wrong: the client gets a 400 naming it. Ignore keys that
+    are not yours.
+
+    Example::
+
+        @hookimpl
+        def mlxcore_validate_options(options, config):
+            keep = options.get("specprefill", {}).get("keep")
+            if keep is not None and not 0 < keep <= 1:
+                raise ValueError("specprefill.keep", "must be in (0, 1]")
+    """
+
+
+@hookspec
 def mlxcore_routes(config: ServerConfig) -> list[Any] | None:
     """Offer extra HTTP route handlers (Litestar handlers or controllers).
 

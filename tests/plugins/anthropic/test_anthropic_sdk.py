@@ -176,3 +176,22 @@ def test_errors_in_anthropic_shape(server: Any, client: anthropic.Anthropic) -> 
         json={"model": "tiny", "max_tokens": 5, "messages": [{"role": "robot", "content": "x"}]},
     )
     assert response.status_code == 400 and "role" in response.json()["error"]["message"]
+
+
+def test_plugin_options_are_validated_on_both_apis(server: Any) -> None:
+    headers = {"x-api-key": KEY}
+    body = {"model": "tiny", "max_tokens": 5, "test_script": 5}
+    anthropic_reply = httpx.post(
+        f"{server.base_url}/v1/messages",
+        headers=headers,
+        json={**body, "messages": [{"role": "user", "content": "x"}]},
+    )
+    assert anthropic_reply.status_code == 400
+    assert "test_script" in anthropic_reply.json()["error"]["message"]
+    openai_reply = httpx.post(
+        f"{server.base_url}/v1/chat/completions",
+        headers=headers,
+        json={**body, "messages": [{"role": "user", "content": "x"}]},
+    )
+    assert openai_reply.status_code == 400
+    assert openai_reply.json()["error"]["param"] == "test_script"

@@ -69,6 +69,19 @@ async def body_extras(request: Request[Any, Any, Any], known: frozenset[str]) ->
     return {k: v for k, v in raw.items() if k not in known}
 
 
+def validated_options(svc: GenerationService, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` after every plugin checked its own keys; a bad value is a 400 naming
+    the field (plugins raise ``ValueError(field, message)``)."""
+    try:
+        svc.runtime.hooks.validate_options(options, svc.config)
+    except ValueError as exc:
+        if len(exc.args) >= 2:
+            field, message = str(exc.args[0]), str(exc.args[1])
+            raise invalid(f"{field}: {message}", field) from None
+        raise invalid(str(exc)) from None
+    return options
+
+
 async def _disconnected(request: Request[Any, Any, Any]) -> None:
     """Return when the client hangs up (the body must have been read already)."""
     while True:

@@ -38,6 +38,13 @@ class ScriptProcessor:
 
 
 @hookimpl
+def mlxcore_validate_options(options: dict[str, Any]) -> None:
+    """``test_script`` must be text."""
+    if OPTION in options and not isinstance(options[OPTION], str):
+        raise ValueError(OPTION, "must be a string")
+
+
+@hookimpl
 def mlxcore_logits_processors(request: GenerationRequest, info: ModelInfo) -> list[Any] | None:
     """Force the request's ``test_script`` text, if it has one."""
     text = request.options.get(OPTION)

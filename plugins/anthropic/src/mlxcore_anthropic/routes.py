@@ -20,6 +20,7 @@ from mlxcore.server.requests import (
     served_name,
     service_of,
     unless_disconnected,
+    validated_options,
 )
 from mlxcore.server.service import Generation, GenerationService
 from mlxcore_anthropic import convert
@@ -65,7 +66,7 @@ def build_generation(
     rendered, tools = _prompt(svc, body)
     stops = [s for s in body.stop_sequences or [] if s]
     reserved = (structured.OPTION, structured.START_AFTER_OPTION)
-    options = {k: v for k, v in extras.items() if k not in reserved}
+    options = validated_options(svc, {k: v for k, v in extras.items() if k not in reserved})
     forced = _forced_tool_choice(body, tools)
     if forced is not None:
         options[structured.OPTION] = forced[0]

@@ -32,6 +32,7 @@ from mlxcore.server.requests import (
     served_name,
     service_of,
     unless_disconnected,
+    validated_options,
 )
 from mlxcore.server.service import Generation, GenerationService
 
@@ -71,7 +72,7 @@ def build_generations(
         svc.runtime.parsers.reasoning is not None and kwargs.get("enable_thinking") is not False
     )
     forced_options, forced_parser = convert.constraint_options(body, thinks=thinks)
-    options = {**_plugin_options(options), **forced_options}
+    options = {**validated_options(svc, _plugin_options(options)), **forced_options}
     gens = []
     for i in range(body.n):
         params = sampling

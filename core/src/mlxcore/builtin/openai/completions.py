@@ -33,6 +33,7 @@ from mlxcore.server.requests import (
     served_names,
     service_of,
     unless_disconnected,
+    validated_options,
 )
 from mlxcore.server.service import Generation, GenerationService
 
@@ -76,6 +77,7 @@ def build_generations(
         body.max_tokens, 16, svc.context_length, prompt_len=len(prompt), prompt_param="prompt"
     )
     stops = convert.stop_strings(body.stop)
+    options = validated_options(svc, options)
     gens = []
     for i in range(body.n):
         params = sampling
