@@ -353,3 +353,27 @@ def test_validate_options_hook(plugin_dir: Path) -> None:
     assert err.value.args == ("keep", "must be in (0, 1]")
     with pytest.raises(PluginError, match=r"opts_plugin.*mlxcore_validate_options"):
         hooks.validate_options({"boom": True}, ServerConfig())
+
+
+def test_plugin_subcommand_runs_with_common_flags(
+    plugin_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from mlxcore.cli.main import main
+
+    write_plugin(
+        plugin_dir,
+        "cmd_plugin",
+        """
+        def run(args):
+            print(f"greeting {args.who}")
+            return 7
+
+        def mlxcore_add_commands(subparsers):
+            cmd = subparsers.add_parser("greet", help="say hello")
+            cmd.add_argument("who")
+            cmd.set_defaults(mlxcore_handler=run)
+        """,
+    )
+    code = main(["greet", "world", "--plugin", "cmd_plugin", "--log-level", "WARNING"])
+    assert code == 7
+    assert "greeting world" in capsys.readouterr().out

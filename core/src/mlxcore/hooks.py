@@ -87,6 +87,10 @@ class PluginHooks:
             except argparse.ArgumentError as exc:
                 raise PluginError(impl.plugin_name, str(exc), hook="mlxcore_addoption") from exc
 
+    def add_commands(self, subparsers: Any) -> None:
+        """``mlxcore_add_commands`` on every plugin."""
+        self._call_each("mlxcore_add_commands", subparsers=subparsers)
+
     def configure(self, config: ServerConfig) -> None:
         """``mlxcore_configure`` on every plugin."""
         self._call_each("mlxcore_configure", config=config)

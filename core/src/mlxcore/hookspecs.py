@@ -67,6 +67,29 @@ def mlxcore_addoption(parser: OptionGroup) -> None:
 
 
 @hookspec
+def mlxcore_add_commands(subparsers: Any) -> None:
+    """Add ``mlxcore`` subcommands (e.g. ``mlxcore mtp extract``).
+
+    When: at start-up, while the command line parser is built. ``subparsers`` is
+    argparse's subparsers action: call ``subparsers.add_parser(name, help=...)``,
+    add arguments, and ``set_defaults(mlxcore_handler=fn)`` where ``fn(args) -> int``
+    runs the command and returns the exit code. An opt-in plugin
+    (``MLXCORE_AUTOLOAD = False``) that lists the command names in a module attribute
+    ``MLXCORE_COMMANDS`` is loaded automatically when one of them is invoked.
+
+    Example::
+
+        MLXCORE_COMMANDS = ("mtp",)
+
+        @hookimpl
+        def mlxcore_add_commands(subparsers):
+            cmd = subparsers.add_parser("mtp", help="MTP head tools")
+            cmd.add_argument("source")
+            cmd.set_defaults(mlxcore_handler=run_mtp_command)
+    """
+
+
+@hookspec
 def mlxcore_configure(config: ServerConfig) -> None:
     """Validate and take note of the parsed configuration.
 

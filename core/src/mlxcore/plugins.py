@@ -141,6 +141,19 @@ def installed_plugins() -> dict[str, InstalledPlugin]:
     return found
 
 
+def command_providers() -> dict[str, str]:
+    """Subcommand name -> installed plugin that declares it in ``MLXCORE_COMMANDS``."""
+    found: dict[str, str] = {}
+    for name, plugin in installed_plugins().items():
+        try:
+            module = importlib.import_module(plugin.module)
+        except Exception:
+            continue  # reported when (if) the plugin is actually loaded
+        for command in getattr(module, "MLXCORE_COMMANDS", ()):
+            found.setdefault(str(command), name)
+    return found
+
+
 def _import_plugin(name: str, module_path: str) -> ModuleType:
     try:
         return importlib.import_module(module_path)

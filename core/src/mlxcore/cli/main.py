@@ -11,16 +11,23 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from mlxcore.bench.options import add_bench_options
 from mlxcore.cli import options
 from mlxcore.config import ServerConfig
 from mlxcore.errors import MlxcoreError
 from mlxcore.hooks import PluginHooks
-from mlxcore.plugins import PluginSelection, create_plugin_manager, load_plugins
+from mlxcore.plugins import (
+    PluginSelection,
+    command_providers,
+    create_plugin_manager,
+    load_plugins,
+)
 
 log = logging.getLogger("mlxcore.cli")
 
+CORE_COMMANDS = ("serve", "generate", "bench", "plugins")
 MODEL_COMMANDS = ("serve", "generate", "bench")
 
 
@@ -69,9 +76,25 @@ def build_parser(hooks: PluginHooks | None) -> tuple[argparse.ArgumentParser, se
     )
     add("plugins", "list installed plugins: name, distribution, version, hooks, status")
     if hooks is not None:
+        hooks.add_commands(_PluginCommands(sub))
+        core_dests.add("mlxcore_handler")
         for cmd in (serve, gen):
             hooks.addoption(cmd)
     return parser, core_dests
+
+
+class _PluginCommands:
+    """What ``mlxcore_add_commands`` receives: argparse subparsers whose new commands
+    also take the common flags (``--log-level``, ``--plugin`` ...)."""
+
+    def __init__(self, subparsers: Any) -> None:
+        self._subparsers = subparsers
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        """Add a subcommand (argparse's ``add_parser``) with the common flags."""
+        cmd: argparse.ArgumentParser = self._subparsers.add_parser(name, **kwargs)
+        options.add_common(cmd)
+        return cmd
 
 
 def setup_logging(level: str) -> None:
@@ -103,8 +126,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         reexec_with_openblas(argv)
     try:
         pm = create_plugin_manager()
+        enable = list(pre.plugins)
+        if command is not None and command not in CORE_COMMANDS:
+            provider = command_providers().get(command)
+            if provider is not None and provider not in enable:
+                enable.append(provider)
         selection = PluginSelection.from_env(
-            pre.plugins, pre.blocked_plugins, disable_autoload=pre.disable_plugin_autoload
+            enable, pre.blocked_plugins, disable_autoload=pre.disable_plugin_autoload
         )
         load_plugins(pm, selection)
         hooks = PluginHooks(pm)
@@ -117,6 +145,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from mlxcore.cli.commands import list_plugins
 
             return list_plugins(pm)
+        handler = getattr(args, "mlxcore_handler", None)
+        if handler is not None:
+            code: int = handler(args)
+            return code
         config = options.config_from_args(args, core_dests)
         hooks.configure(config)
         return _run_model_command(args, config, hooks)
