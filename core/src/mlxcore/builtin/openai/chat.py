@@ -20,6 +20,7 @@ from mlxcore.builtin.openai.encode import (
     now,
     sse,
     tool_call_body,
+    tool_call_head,
     usage_body,
 )
 from mlxcore.builtin.openai.schemas import ChatCompletionRequest
@@ -201,14 +202,15 @@ async def _stream(
             delta["reasoning_content"] = d.reasoning
         if d.content:
             delta["content"] = d.content
-        if d.tool_calls:
-            delta["tool_calls"] = [
-                tool_call_body(c, tool_index[index] + i) for i, c in enumerate(d.tool_calls)
-            ]
-            tool_index[index] += len(d.tool_calls)
         lp = logprobs.chat(d.logprobs) if logprobs and d.logprobs else None
         if delta or lp is not None:
             yield chunk(index, delta, None, lp)
+        for call in d.tool_calls:
+            # as OpenAI streams them: id and name first, then the argument text
+            head, arguments = tool_call_head(call, tool_index[index])
+            yield chunk(index, {"tool_calls": [head]})
+            yield chunk(index, {"tool_calls": [arguments]})
+            tool_index[index] += 1
         if d.finish_reason is not None:
             yield chunk(index, {}, d.finish_reason)
     if include_usage:

@@ -51,6 +51,18 @@ def tool_call_body(call: ToolCall, index: int) -> dict[str, Any]:
     }
 
 
+def tool_call_head(call: ToolCall, index: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A streamed tool call's two deltas: id, type and name (empty arguments), then
+    the arguments text."""
+    head = {
+        "index": index,
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": ""},
+    }
+    return head, {"index": index, "function": {"arguments": call.arguments}}
+
+
 class LogprobEncoder:
     """Turns :class:`StepToken` logprobs into OpenAI's shapes."""
 
