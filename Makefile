@@ -20,7 +20,7 @@ $(UV):
 setup: $(UV)
 	$(UV) sync --locked --python python3
 	@bash scripts/install-openblas.sh || true
-	$(PY) -m mlxcore.models.default
+	$(PY) -c "from mlxcore.models.default import ensure_default_model as e; print(e())"
 
 # The main job: serve the embedded default model (SmolLM2-135M-Instruct).
 serve: setup
