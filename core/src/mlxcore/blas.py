@@ -129,3 +129,16 @@ def reexec_with_openblas(argv: Sequence[str], *, command: Sequence[str] | None =
             os.execvpe(args[0], args, env)
     except OSError as exc:  # keep running without OpenBLAS rather than fail
         logger.warning("could not re-execute with OpenBLAS preloaded: %s", exc)
+
+
+def log_blas_status() -> None:
+    """Say in the start-up log whether float32 matmul runs on OpenBLAS."""
+    if openblas_preloaded():
+        logger.info("OpenBLAS preloaded: float32 matmul uses %s", openblas_path())
+    elif sys.platform.startswith("linux"):
+        reason = (
+            "MLXCORE_NO_OPENBLAS is set"
+            if os.environ.get("MLXCORE_NO_OPENBLAS")
+            else ("libopenblas0 is not installed (make setup installs it when run as root)")
+        )
+        logger.info("OpenBLAS not in use (%s): float32 matmul uses the reference BLAS", reason)
