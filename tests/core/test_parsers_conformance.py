@@ -183,7 +183,93 @@ COMMON_CASES = [
         content="Before.\nAfter.",
         calls=[("search", {"query": "q"})],
     ),
+    Case(
+        "unicode-text-around-a-call",
+        'Voilà 🌍:\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "東京"}}\n'
+        "</tool_call>\nFin ✓",
+        content="Voilà 🌍:\nFin ✓",
+        calls=[(WEATHER, {"city": "東京"})],
+    ),
+    Case(
+        "quotes-and-braces-inside-strings",
+        '<tool_call>\n{"name": "search", "arguments": '
+        '{"query": "say \\"hi\\" {x} [y] \'z\'"}}\n</tool_call>',
+        calls=[("search", {"query": "say \"hi\" {x} [y] 'z'"})],
+    ),
+    Case(
+        "escaped-unicode-and-newline-in-json-string",
+        '<tool_call>{"name": "search", "arguments": {"query": "caf\\u00e9 \\n new"}}</tool_call>',
+        calls=[("search", {"query": "café \n new"})],
+    ),
+    Case(
+        "empty-arguments",
+        '<tool_call>\n{"name": "search", "arguments": {}}\n</tool_call>',
+        calls=[("search", {})],
+    ),
+    Case(
+        "arguments-key-missing-is-empty",
+        '<tool_call>\n{"name": "search"}\n</tool_call>',
+        calls=[("search", {})],
+    ),
+    Case(
+        "three-calls",
+        "".join(
+            f'<tool_call>\n{{"name": "search", "arguments": {{"query": "{q}"}}}}\n</tool_call>\n'
+            for q in "abc"
+        ),
+        calls=[("search", {"query": q}) for q in "abc"],
+    ),
+    Case(
+        "list-of-calls-in-one-block",
+        '<tool_call>[{"name": "search", "arguments": {"query": "a"}}, '
+        '{"name": "get_weather", "arguments": {"city": "b"}}]</tool_call>',
+        calls=[("search", {"query": "a"}), (WEATHER, {"city": "b"})],
+    ),
+    Case(
+        "nested-argument-values",
+        '<tool_call>{"name": "other", "arguments": {"a": {"b": [1, {"c": null}]}, "t": true}}'
+        "</tool_call>",
+        calls=[("other", {"a": {"b": [1, {"c": None}]}, "t": True})],
+    ),
+    Case(
+        "thinking-aloud-then-call",
+        'I will call search.\n\n<tool_call>\n{"name": "search", "arguments": {"query": "x"}}\n'
+        "</tool_call>",
+        content="I will call search.",
+        calls=[("search", {"query": "x"})],
+    ),
+    Case(
+        "no-call-angle-brackets-and-tags",
+        "Use x < y and <tool> tags; also </tool>.",
+        content="Use x < y and <tool> tags; also </tool>.",
+    ),
+    Case(
+        "truncated-in-json-name",
+        '<tool_call>\n{"na',
+        content='<tool_call>\n{"na',
+    ),
+    Case(
+        "malformed-call-without-name",
+        '<tool_call>\n{"arguments": {"a": 1}}\n</tool_call>',
+        content='<tool_call>\n{"arguments": {"a": 1}}\n</tool_call>',
+    ),
+    Case(
+        "malformed-name-not-a-string",
+        '<tool_call>{"name": 5, "arguments": {}}</tool_call>',
+        content='<tool_call>{"name": 5, "arguments": {}}</tool_call>',
+    ),
+    Case(
+        "malformed-arguments-not-an-object",
+        '<tool_call>{"name": "search", "arguments": [1, 2]}</tool_call>',
+        content='<tool_call>{"name": "search", "arguments": [1, 2]}</tool_call>',
+    ),
 ]
+
+
+def xml_call(name: str, *params: tuple[str, str]) -> str:
+    """A Qwen3-Coder XML call block, as the official template writes it."""
+    body = "".join(f"<parameter={key}>\n{value}\n</parameter>\n" for key, value in params)
+    return f"<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>"
 
 
 class TestHermesConformance(ParserConformance):
@@ -338,6 +424,56 @@ class TestQwen3CoderConformance(ParserConformance):
             "</tool_call>",
             calls=[(WEATHER, PARIS)],
         ),
+        Case(
+            "xml-quotes-braces-and-tags-in-value",
+            xml_call("search", ("query", "say \"hi\" {x} [y] 'z' <b>")),
+            calls=[("search", {"query": "say \"hi\" {x} [y] 'z' <b>"})],
+        ),
+        Case(
+            "xml-unicode-values-and-text-around",
+            "Voilà 🌍\n\n"
+            + xml_call(WEATHER, ("city", "東京 — Zürich"), ("days", "2"))
+            + "\nFin ✓",
+            content="Voilà 🌍\nFin ✓",
+            calls=[(WEATHER, {"city": "東京 — Zürich", "days": 2})],
+        ),
+        Case("xml-empty-arguments", xml_call("search"), calls=[("search", {})]),
+        Case(
+            "xml-three-calls",
+            "\n".join(xml_call("search", ("query", q)) for q in "abc"),
+            calls=[("search", {"query": q}) for q in "abc"],
+        ),
+        Case(
+            "xml-closing-like-text-and-markup-in-value",
+            xml_call("search", ("query", "<div>\n  x < y </param>\n</div>")),
+            calls=[("search", {"query": "<div>\n  x < y </param>\n</div>"})],
+        ),
+        Case(
+            "xml-text-after-calls",
+            xml_call("search", ("query", "q")) + "\n\nI called it.",
+            content="I called it.",
+            calls=[("search", {"query": "q"})],
+        ),
+        Case(
+            "xml-number-for-string-stays-string-and-enum",
+            xml_call(WEATHER, ("city", "1984"), ("unit", "celsius")),
+            calls=[(WEATHER, {"city": "1984", "unit": "celsius"})],
+        ),
+        Case(
+            "xml-complete-call-missing-block-closer",
+            "<tool_call>\n<function=search>\n<parameter=query>\nq\n</parameter>\n</function>\n",
+            calls=[("search", {"query": "q"})],
+        ),
+        Case(
+            "xml-truncated-in-function-name",
+            "Ok.\n<tool_call>\n<function=get_wea",
+            content="Ok.\n<tool_call>\n<function=get_wea",
+        ),
+        Case(
+            "xml-malformed-empty-function-name",
+            "<tool_call>\n<function=>\n</function>\n</tool_call>",
+            content="<tool_call>\n<function=>\n</function>\n</tool_call>",
+        ),
     ]
 
 
@@ -413,4 +549,87 @@ class TestThinkConformance(ParserConformance):
             "<think>\nx </thi",
             reasoning="x </thi",
         ),
+        Case(
+            "unicode-reasoning-and-answer",
+            "<think>\nLe café ☕ coûte 3 €; 日本語.\n</think>\n\nRéponse: 3 € ✓",
+            content="Réponse: 3 € ✓",
+            reasoning="Le café ☕ coûte 3 €; 日本語.",
+        ),
+        Case(
+            "quotes-and-braces-in-reasoning",
+            '<think>\nThe JSON is {"a": "b"} and [1, 2].\n</think>\n\nDone.',
+            content="Done.",
+            reasoning='The JSON is {"a": "b"} and [1, 2].',
+        ),
+        Case(
+            "reasoning-then-call-passed-on",
+            '<think>\nI need the weather.\n</think>\n\n<tool_call>\n{"name": "get_weather", '
+            '"arguments": {}}\n</tool_call>',
+            content='<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>',
+            reasoning="I need the weather.",
+        ),
+        Case(
+            "prompt-opened-reasoning-then-call",
+            'Need data.\n</think>\n\n<tool_call>\n{"name": "search", "arguments": {}}\n'
+            "</tool_call>",
+            content='<tool_call>\n{"name": "search", "arguments": {}}\n</tool_call>',
+            reasoning="Need data.",
+            starts_in_reasoning=True,
+        ),
+        Case(
+            "prompt-opened-empty-reasoning",
+            "\n</think>\n\nHi",
+            content="Hi",
+            starts_in_reasoning=True,
+        ),
+        Case("prompt-opened-close-at-once", "</think>Hi", content="Hi", starts_in_reasoning=True),
+        Case(
+            "prompt-opened-and-model-opens-again",
+            "<think>\nnested open\n</think>\n\nok",
+            content="ok",
+            reasoning="nested open",
+            starts_in_reasoning=True,
+        ),
+        Case(
+            "text-before-and-after-block",
+            "Hmm. <think>inner</think> after",
+            content="Hmm. after",
+            reasoning="inner",
+        ),
+        Case(
+            "angle-brackets-in-answer",
+            "<think>x</think>\n\nUse a < b and <b>bold</b>.",
+            content="Use a < b and <b>bold</b>.",
+            reasoning="x",
+        ),
+        Case(
+            "tag-prefix-in-answer-is-text",
+            "<think>ok</think>\n\nThe word think and <thin are fine.",
+            content="The word think and <thin are fine.",
+            reasoning="ok",
+        ),
+        Case("whitespace-only-reasoning", "<think>\n   \n</think>\n\nAnswer", content="Answer"),
+        Case("no-output", ""),
+        Case("prompt-opened-no-output", "", starts_in_reasoning=True),
+        Case("truncated-open-tag-is-content", "Answer <thi", content="Answer <thi"),
+        Case(
+            "trailing-newlines-of-answer-kept",
+            "<think>\nr\n</think>\n\n\nAnswer\n\n",
+            content="Answer\n\n",
+            reasoning="r",
+        ),
+        Case(
+            "crlf-line-ends",
+            "<think>\r\nr\r\n</think>\r\n\r\nAnswer",
+            content="Answer",
+            reasoning="r",
+        ),
+        Case(
+            "degraded-call-text-inside-reasoning-stays-reasoning",
+            "Plan: [Calling tool: search({})]\n</think>\nok",
+            content="ok",
+            reasoning="Plan: [Calling tool: search({})]",
+            starts_in_reasoning=True,
+        ),
+        Case("emoji", "<think>🎉🎉</think>🎉", content="🎉", reasoning="🎉🎉"),
     ]

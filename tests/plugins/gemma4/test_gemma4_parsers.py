@@ -33,6 +33,14 @@ from mlxcore_gemma4 import Gemma4ReasoningParser, Gemma4ToolParser
 from mlxcore_gemma4.values import parse_calls
 
 Q = '<|"|>'
+THOUGHT = "<|channel>thought\n"
+
+
+def call(name: str, body: str) -> str:
+    """One Gemma 4 tool call block: ``<|tool_call>call:NAME{BODY}<tool_call|>``."""
+    return f"<|tool_call>call:{name}{{{body}}}<tool_call|>"
+
+
 TOOLS = [
     *DEFAULT_TOOLS,
     tool(
@@ -164,6 +172,96 @@ class TestGemma4ToolConformance(ParserConformance):
             '[Calling tool: search({"query": "q"})]',
             calls=[("search", {"query": "q"})],
         ),
+        Case(
+            "unicode-values-and-text-around",
+            "Voilà 🌍 " + call("get_weather", f"city:{Q}東京 — Zürich{Q},days:2") + " Fin ✓",
+            content="Voilà 🌍 Fin ✓",
+            calls=[("get_weather", {"city": "東京 — Zürich", "days": 2})],
+        ),
+        Case(
+            "quotes-braces-colons-in-string",
+            call("search", f"query:{Q}say \"hi\" {{x}} [y] 'z' : , {Q}"),
+            calls=[("search", {"query": "say \"hi\" {x} [y] 'z' : , "})],
+        ),
+        Case(
+            "brackets-only-string",
+            call("search", f"query:{Q}{{{{[{Q}"),
+            calls=[("search", {"query": "{{["})],
+        ),
+        Case(
+            "three-calls",
+            call("search", f"query:{Q}a{Q}")
+            + call("search", f"query:{Q}b{Q}")
+            + call("get_weather", f"city:{Q}c{Q}"),
+            calls=[
+                ("search", {"query": "a"}),
+                ("search", {"query": "b"}),
+                ("get_weather", {"city": "c"}),
+            ],
+        ),
+        Case(
+            "text-between-calls",
+            call("search", f"query:{Q}a{Q}") + "\nand then\n" + call("search", f"query:{Q}b{Q}"),
+            content="and then",
+            calls=[("search", {"query": "a"}), ("search", {"query": "b"})],
+        ),
+        Case(
+            "negative-float-exponent",
+            call("search", "limit:-2.5e-1"),
+            calls=[("search", {"limit": -0.25})],
+        ),
+        Case(
+            "null-and-boolean-values",
+            call("google:mcp:create", "draft:true,title:null"),
+            calls=[("google:mcp:create", {"draft": True, "title": None})],
+        ),
+        Case(
+            "empty-string-value", call("search", f"query:{Q}{Q}"), calls=[("search", {"query": ""})]
+        ),
+        Case(
+            "empty-object-and-array",
+            call("google:mcp:create", "body:{},tags:[]"),
+            calls=[("google:mcp:create", {"body": {}, "tags": []})],
+        ),
+        Case(
+            "newline-inside-string",
+            call("search", f"query:{Q}line1\nline2{Q}"),
+            calls=[("search", {"query": "line1\nline2"})],
+        ),
+        Case("undeclared-tool-still-a-call", call("other", "n:5"), calls=[("other", {"n": 5})]),
+        Case(
+            "unicode-tool-and-key-names",
+            call("météo", f"ville:{Q}Paris{Q}"),
+            calls=[("météo", {"ville": "Paris"})],
+        ),
+        Case("turn-end-after-call-dropped", call("search", "") + "<turn|>", calls=[("search", {})]),
+        Case(
+            "no-call-colons-and-braces",
+            "Note: call me at 5:30 {ok}.",
+            content="Note: call me at 5:30 {ok}.",
+        ),
+        Case("truncated-after-opener", "Sure.<|tool_call>", content="Sure.<|tool_call>"),
+        Case(
+            "truncated-in-name",
+            "Sure.<|tool_call>call:get_wea",
+            content="Sure.<|tool_call>call:get_wea",
+        ),
+        Case(
+            "malformed-bare-value-then-closer",
+            "<|tool_call>call:search{query:1<tool_call|>tail",
+            content="<|tool_call>call:search{query:1<tool_call|>tail",
+        ),
+        Case(
+            "malformed-without-call-prefix",
+            "<|tool_call>search{}<tool_call|>",
+            content="<|tool_call>search{}<tool_call|>",
+        ),
+        Case(
+            "degraded-bare-call-at-line-start-after-text",
+            f"Sure.\ncall:search{{query:{Q}q{Q}}}",
+            content="Sure.",
+            calls=[("search", {"query": "q"})],
+        ),
     ]
 
 
@@ -221,6 +319,95 @@ class TestGemma4ReasoningConformance(ParserConformance):
             reasoning="plan",
             starts_in_reasoning=True,
         ),
+        Case(
+            "unicode-reasoning-and-answer",
+            f"{THOUGHT}Le café ☕ 3 €; 日本語.<channel|>Réponse ✓",
+            content="Réponse ✓",
+            reasoning="Le café ☕ 3 €; 日本語.",
+        ),
+        Case(
+            "quotes-and-braces-in-reasoning",
+            f'{THOUGHT}JSON {{"a": "b"}} and [1, 2].<channel|>Done.',
+            content="Done.",
+            reasoning='JSON {"a": "b"} and [1, 2].',
+        ),
+        Case(
+            "thought-then-two-calls-passed-on",
+            f"{THOUGHT}Two lookups.<channel|><|tool_call>call:search{{query:{Q}a{Q}}}<tool_call|>"
+            "<|tool_call>call:search{}<tool_call|>",
+            content=f"<|tool_call>call:search{{query:{Q}a{Q}}}<tool_call|>"
+            "<|tool_call>call:search{}<tool_call|>",
+            reasoning="Two lookups.",
+        ),
+        Case("empty-thought", f"{THOUGHT}<channel|>Answer", content="Answer"),
+        Case("empty-thought-no-newline", "<|channel>thought<channel|>Answer", content="Answer"),
+        Case(
+            "text-before-and-after-thought",
+            f"Hmm. {THOUGHT}inner<channel|> after",
+            content="Hmm. after",
+            reasoning="inner",
+        ),
+        Case(
+            "angle-brackets-in-answer",
+            f"{THOUGHT}x<channel|>Use a < b and <b>bold</b>.",
+            content="Use a < b and <b>bold</b>.",
+            reasoning="x",
+        ),
+        Case("truncated-channel-marker-is-content", "Answer <|chan", content="Answer <|chan"),
+        Case("no-output", ""),
+        Case("prompt-opened-no-output", "", starts_in_reasoning=True),
+        Case(
+            "prompt-opened-then-call",
+            "Need data.<|tool_call>call:search{}<tool_call|>",
+            content="<|tool_call>call:search{}<tool_call|>",
+            reasoning="Need data.",
+            starts_in_reasoning=True,
+        ),
+        Case(
+            "prompt-opened-never-closed",
+            "still thinking",
+            reasoning="still thinking",
+            starts_in_reasoning=True,
+        ),
+        Case(
+            "prompt-opened-close-at-once",
+            "<channel|>Answer",
+            content="Answer",
+            starts_in_reasoning=True,
+        ),
+        Case(
+            "multi-line-thought",
+            f"{THOUGHT}step 1\n\nstep 2\n<channel|>\nanswer",
+            content="answer",
+            reasoning="step 1\n\nstep 2",
+        ),
+        Case("stray-close-dropped", "a<channel|>b", content="ab"),
+        Case(
+            "turn-end-after-answer-dropped",
+            f"{THOUGHT}r<channel|>Answer<turn|>",
+            content="Answer",
+            reasoning="r",
+        ),
+        Case(
+            "two-thoughts",
+            f"{THOUGHT}a<channel|>mid{THOUGHT}b<channel|>end",
+            content="midend",
+            reasoning="ab",
+        ),
+        Case(
+            "think-token-then-thought",
+            f"<|think|>{THOUGHT}x<channel|>y",
+            content="y",
+            reasoning="x",
+        ),
+        Case(
+            "thought-then-content-channel",
+            f"{THOUGHT}r<channel|><|channel>content\nVisible.<channel|>",
+            content="Visible.",
+            reasoning="r",
+        ),
+        Case("emoji", f"{THOUGHT}🎉🎉<channel|>🎉", content="🎉", reasoning="🎉🎉"),
+        Case("final-channel-is-content", "<|channel>final\nVisible.<channel|>", content="Visible."),
     ]
 
 

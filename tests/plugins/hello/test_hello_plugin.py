@@ -12,6 +12,7 @@ import fcntl
 import hashlib
 import importlib
 import importlib.metadata as md
+import importlib.util
 import logging
 import os
 import re
@@ -23,6 +24,8 @@ import tempfile
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -33,6 +36,7 @@ from mlxcore.hooks import PluginHooks
 from mlxcore.model_info import ModelInfo
 from mlxcore.parsers import ParsedDelta, ToolParser
 from mlxcore.plugins import PluginSelection, create_plugin_manager, load_plugins
+from mlxcore.testing.conformance import Case, ParserConformance, loaded_test_model
 
 REPO = Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "examples" / "hello-plugin"
@@ -276,6 +280,105 @@ def test_holds_back_only_undecided_text(parser_cls: type[ToolParser]) -> None:
 )
 def test_malformed_or_unfinished_call_is_content(parser_cls: type[ToolParser], text: str) -> None:
     assert both_ways(parser_cls, text) == (text, [])
+
+
+# -- the conformance kit, as a third-party plugin author uses it ----------------------
+
+
+def load_example_source() -> ModuleType:
+    """The example's module imported from its source file under a private name.
+
+    The kit's test classes need the parser class when the module is collected,
+    before the ``hello_installed`` fixture installs the distribution; a private
+    name keeps it apart from the installed ``mlxcore_hello`` the tests above load.
+    """
+    path = EXAMPLE / "src" / "mlxcore_hello" / "__init__.py"
+    spec = importlib.util.spec_from_file_location("_mlxcore_hello_source", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+HelloSource = load_example_source().HelloToolParser
+
+
+@pytest.fixture(scope="session")
+def qwen3_tokenizer() -> Any:
+    """A real tokenizer, so the kit also feeds every case token by token."""
+    return loaded_test_model("qwen3").tokenizer
+
+
+class TestHelloConformance(ParserConformance):
+    """``hello`` through :class:`ParserConformance`: each case parsed whole, by character,
+    in pieces of 2, 3 and 7 characters, in random pieces and token by token."""
+
+    parser_class = HelloSource
+    tokenizer_fixture = "qwen3_tokenizer"
+    MARKERS = ("<<call",)
+    CASES = [
+        Case(
+            "one-call-with-text-around",
+            'Sure. <<call get_weather {"city": "Paris", "days": 3}>> Done.',
+            content="Sure.  Done.",
+            calls=[("get_weather", {"city": "Paris", "days": 3})],
+        ),
+        Case("end-marker-inside-string", '<<call f {"s": "x>>y"}>>', calls=[("f", {"s": "x>>y"})]),
+        Case(
+            "end-marker-inside-nested-string",
+            '<<call f   {"a": [1, 2, {"b": "}>>"}]}>>',
+            calls=[("f", {"a": [1, 2, {"b": "}>>"}]})],
+        ),
+        Case(
+            "two-calls-with-text-between",
+            'a<<call f {}>>b<<call g {"n": {"m": 1}} >>',
+            content="ab",
+            calls=[("f", {}), ("g", {"n": {"m": 1}})],
+        ),
+        Case(
+            "three-calls-back-to-back",
+            "<<call f {}>><<call f {}>><<call f {}>>",
+            calls=[("f", {})] * 3,
+        ),
+        Case(
+            "unicode-arguments",
+            '<<call search {"query": "Zürich 🌧 日本"}>>',
+            calls=[("search", {"query": "Zürich 🌧 日本"})],
+        ),
+        Case(
+            "quotes-and-braces-in-strings",
+            '<<call search {"query": "say \\"hi\\" {x} [y]"}>>',
+            calls=[("search", {"query": 'say "hi" {x} [y]'})],
+        ),
+        Case("escaped-unicode", '<<call f {"a": "\\u00e9"}>>', calls=[("f", {"a": "é"})]),
+        Case("empty-arguments", "<<call f {}>>", calls=[("f", {})]),
+        Case(
+            "dotted-dashed-name-and-null",
+            '<<call ns.tool-name_2 {"x": null}>>',
+            calls=[("ns.tool-name_2", {"x": None})],
+        ),
+        Case(
+            "call-on-its-own-line",
+            "line\n<<call f {}>>\nline",
+            content="line\n\nline",
+            calls=[("f", {})],
+        ),
+        Case("extra-angle-before-call", "<<<call f {}>>", content="<", calls=[("f", {})]),
+        Case("no-call", "plain < text << and >> here", content="plain < text << and >> here"),
+        Case("no-output", ""),
+        Case("truncated-arguments", '<<call f {"a": 1', content='<<call f {"a": 1'),
+        Case("truncated-name", "<<call get_w", content="<<call get_w"),
+        Case("truncated-marker", "trailing <<ca", content="trailing <<ca"),
+        Case("truncated-end-marker", "<<call f {}>", content="<<call f {}>"),
+        Case(
+            "malformed-arguments",
+            "<<call f {not json}>> and more",
+            content="<<call f {not json}>> and more",
+        ),
+        Case("malformed-name", "<<call 42 {}>>", content="<<call 42 {}>>"),
+        Case("not-a-call-word", "<<caller said hi>>", content="<<caller said hi>>"),
+        Case("arguments-not-an-object", "<<call f [1]>>", content="<<call f [1]>>"),
+    ]
 
 
 def test_matches_templates_that_mention_the_format(parser_cls: type[ToolParser]) -> None:

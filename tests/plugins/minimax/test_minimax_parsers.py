@@ -77,6 +77,17 @@ TYPED_ARGS = {
 }
 
 
+def invoke(name: str, *params: tuple[str, str]) -> str:
+    """One ``<invoke>`` as the official template writes it."""
+    body = "".join(f'<parameter name="{k}">{v}</parameter>\n' for k, v in params)
+    return f'<invoke name="{name}">\n{body}</invoke>\n'
+
+
+def block(*invokes: str) -> str:
+    """A ``<minimax:tool_call>`` block around ``invokes``."""
+    return "<minimax:tool_call>\n" + "".join(invokes) + "</minimax:tool_call>"
+
+
 @pytest.fixture(scope="session")
 def qwen3_tokenizer() -> Any:
     return loaded_test_model("qwen3").tokenizer
@@ -164,6 +175,96 @@ class TestMiniMaxToolConformance(ParserConformance):
             '[Calling tool: search({"query": "mlx"})]',
             calls=[("search", {"query": "mlx"})],
         ),
+        Case(
+            "single-call",
+            block(invoke("get_weather", ("city", "Paris"))),
+            calls=[("get_weather", {"city": "Paris"})],
+        ),
+        Case(
+            "unicode-values-and-text-around",
+            "Voilà 🌍\n"
+            + block(invoke("get_weather", ("city", "東京 — Zürich"), ("days", "2")))
+            + "\nFin ✓",
+            content="Voilà 🌍\nFin ✓",
+            calls=[("get_weather", {"city": "東京 — Zürich", "days": 2})],
+        ),
+        Case(
+            "quotes-braces-and-tags-in-value",
+            block(invoke("search", ("query", "say \"hi\" {x} [y] 'z' <b>"))),
+            calls=[("search", {"query": "say \"hi\" {x} [y] 'z' <b>"})],
+        ),
+        Case(
+            "markup-like-text-in-value",
+            block(invoke("search", ("query", "<div>a</div> x < y </param> b"))),
+            calls=[("search", {"query": "<div>a</div> x < y </param> b"})],
+        ),
+        Case("empty-arguments", block(invoke("search")), calls=[("search", {})]),
+        Case(
+            "three-invokes-in-one-block",
+            block(
+                invoke("search", ("query", "a")),
+                invoke("search", ("query", "b")),
+                invoke("get_weather", ("city", "c")),
+            ),
+            calls=[
+                ("search", {"query": "a"}),
+                ("search", {"query": "b"}),
+                ("get_weather", {"city": "c"}),
+            ],
+        ),
+        Case(
+            "text-between-two-blocks",
+            block(invoke("search", ("query", "a")))
+            + "\nthen\n"
+            + block(invoke("search", ("query", "b"))),
+            content="then",
+            calls=[("search", {"query": "a"}), ("search", {"query": "b"})],
+        ),
+        Case(
+            "multi-line-value",
+            block(invoke("search", ("query", "line 1\n\nline 2"))),
+            calls=[("search", {"query": "line 1\n\nline 2"})],
+        ),
+        Case(
+            "json-text-for-a-string-stays-text",
+            block(invoke("search", ("query", '{"a": 1}'))),
+            calls=[("search", {"query": '{"a": 1}'})],
+        ),
+        Case(
+            "number-for-a-string-and-enum",
+            block(invoke("get_weather", ("city", "1984"), ("unit", "celsius"))),
+            calls=[("get_weather", {"city": "1984", "unit": "celsius"})],
+        ),
+        Case(
+            "values-that-do-not-fit-stay-text",
+            block(invoke("typed", ("i", "4.5"), ("b", "maybe"), ("s", "null"))),
+            calls=[("typed", {"i": "4.5", "b": "maybe", "s": "null"})],
+        ),
+        Case(
+            "emoji-value",
+            block(invoke("search", ("query", "🎉🎉"))),
+            calls=[("search", {"query": "🎉🎉"})],
+        ),
+        Case(
+            "truncated-after-opener",
+            "Sure.\n<minimax:tool_call>",
+            content="Sure.\n<minimax:tool_call>",
+        ),
+        Case(
+            "truncated-in-invoke-name",
+            'Sure.\n<minimax:tool_call>\n<invoke name="get_wea',
+            content='Sure.\n<minimax:tool_call>\n<invoke name="get_wea',
+        ),
+        Case(
+            "malformed-invoke-without-name",
+            "<minimax:tool_call>\n<invoke>\n</invoke>\n</minimax:tool_call>",
+            content="<minimax:tool_call>\n<invoke>\n</invoke>\n</minimax:tool_call>",
+        ),
+        Case(
+            "no-call-angle-text",
+            "Use x < y and <invoke> as a word.",
+            content="Use x < y and <invoke> as a word.",
+        ),
     ]
 
 
@@ -204,6 +305,148 @@ class TestMiniMaxReasoningConformance(ParserConformance):
             starts_in_reasoning=True,
         ),
         Case("thinking-off-is-content", "Hello.", content="Hello."),
+        Case(
+            "unicode-reasoning-and-answer",
+            "Le café ☕ 3 €; 日本語.\n</think>\n\nRéponse ✓",
+            content="Réponse ✓",
+            reasoning="Le café ☕ 3 €; 日本語.",
+            starts_in_reasoning=True,
+        ),
+        Case(
+            "quotes-and-braces-in-reasoning",
+            'JSON {"a": "b"} and [1, 2].\n</think>\n\nDone.',
+            content="Done.",
+            reasoning='JSON {"a": "b"} and [1, 2].',
+            starts_in_reasoning=True,
+        ),
+        Case(
+            "reasoning-then-full-call-block",
+            "Need it.\n</think>\n\n" + block(invoke("search", ("query", "q"))),
+            content=block(invoke("search", ("query", "q"))),
+            reasoning="Need it.",
+            starts_in_reasoning=True,
+        ),
+        Case(
+            "reasoning-text-then-official-two-calls",
+            "I will look both up.\n</think>\n\n" + OFFICIAL_TWO_CALLS,
+            content=OFFICIAL_TWO_CALLS,
+            reasoning="I will look both up.",
+            starts_in_reasoning=True,
+        ),
+        Case(
+            "empty-reasoning",
+            "\n</think>\n\nAnswer",
+            content="Answer",
+            starts_in_reasoning=True,
+        ),
+        Case(
+            "model-opens-think",
+            "<think>\nplan\n</think>\n\nAnswer",
+            content="Answer",
+            reasoning="plan",
+        ),
+        Case(
+            "model-opens-think-again-after-prompt",
+            "<think>\nplan\n</think>\n\nAnswer",
+            content="Answer",
+            reasoning="plan",
+            starts_in_reasoning=True,
+        ),
+        Case(
+            "multi-line-reasoning",
+            "step 1\n\nstep 2\n</think>\nanswer",
+            content="answer",
+            reasoning="step 1\n\nstep 2",
+            starts_in_reasoning=True,
+        ),
+        Case("stray-close-without-open-dropped", "a</think>b", content="ab"),
+        Case("no-output", "", starts_in_reasoning=True),
+        Case("no-output-thinking-off", ""),
+        Case(
+            "angle-brackets-in-answer",
+            "r\n</think>\n\nUse a < b and <b>bold</b>.",
+            content="Use a < b and <b>bold</b>.",
+            reasoning="r",
+            starts_in_reasoning=True,
+        ),
+        Case(
+            "truncated-close-tag-stays-reasoning",
+            "thinking </thi",
+            reasoning="thinking </thi",
+            starts_in_reasoning=True,
+        ),
+        Case("truncated-open-tag-is-content", "Answer <thi", content="Answer <thi"),
+        Case(
+            "emoji",
+            "🎉🎉</think>🎉",
+            content="🎉",
+            reasoning="🎉🎉",
+            starts_in_reasoning=True,
+        ),
+        Case(
+            "second-think-block",
+            "a</think>mid<think>b</think>end",
+            content="midend",
+            reasoning="ab",
+            starts_in_reasoning=True,
+        ),
+        Case(
+            "trailing-newlines-of-answer-kept",
+            "r\n</think>\n\n\nAnswer\n\n",
+            content="Answer\n\n",
+            reasoning="r",
+            starts_in_reasoning=True,
+        ),
+        Case(
+            "crlf-line-ends",
+            "r\r\n</think>\r\n\r\nAnswer",
+            content="Answer",
+            reasoning="r",
+            starts_in_reasoning=True,
+        ),
+        Case(
+            "unwrapped-invoke-mid-line-stays-reasoning",
+            'Plan <invoke name="search"></invoke>',
+            reasoning='Plan <invoke name="search"></invoke>',
+            starts_in_reasoning=True,
+        ),
+        Case(
+            "qwen-call-in-reasoning-stays-reasoning",
+            "Plan\n<tool_call>\n{}\n</tool_call>",
+            reasoning="Plan\n<tool_call>\n{}\n</tool_call>",
+            starts_in_reasoning=True,
+        ),
+        Case(
+            "think-block-after-answer-text",
+            "Hmm. <think>inner</think> after",
+            content="Hmm. after",
+            reasoning="inner",
+        ),
+        Case(
+            "close-then-call-on-the-same-line",
+            "plan</think>" + block(invoke("search")),
+            content=block(invoke("search")),
+            reasoning="plan",
+            starts_in_reasoning=True,
+        ),
+        Case(
+            "braces-and-quotes-with-thinking-off",
+            'Answer with braces {} and quotes "x".',
+            content='Answer with braces {} and quotes "x".',
+        ),
+        Case(
+            "unicode-reasoning-never-closed",
+            "思考中… ☕",
+            reasoning="思考中… ☕",
+            starts_in_reasoning=True,
+        ),
+        Case(
+            "call-ends-unclosed-reasoning-with-arguments",
+            "Let me search." + block(invoke("search", ("query", "q"))),
+            content=block(invoke("search", ("query", "q"))),
+            reasoning="Let me search.",
+            starts_in_reasoning=True,
+        ),
     ]
 
 

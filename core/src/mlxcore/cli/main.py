@@ -1,4 +1,4 @@
-"""The ``mlxcore`` command: serve, generate, plugins.
+"""The ``mlxcore`` command: serve, generate, bench, plugins, parse.
 
 Start-up order: read the plugin-selection flags, load plugins (built-ins first),
 let them add options, parse the whole command line, configure plugins, then run
@@ -15,6 +15,8 @@ from typing import Any
 
 from mlxcore.bench.options import add_bench_options
 from mlxcore.cli import options
+from mlxcore.cli.parse_command import HELP as PARSE_HELP
+from mlxcore.cli.parse_command import add_parse_options
 from mlxcore.config import ServerConfig
 from mlxcore.errors import MlxcoreError
 from mlxcore.hooks import PluginHooks
@@ -27,7 +29,7 @@ from mlxcore.plugins import (
 
 log = logging.getLogger("mlxcore.cli")
 
-CORE_COMMANDS = ("serve", "generate", "bench", "plugins")
+CORE_COMMANDS = ("serve", "generate", "bench", "plugins", "parse")
 MODEL_COMMANDS = ("serve", "generate", "bench")
 
 
@@ -75,6 +77,7 @@ def build_parser(hooks: PluginHooks | None) -> tuple[argparse.ArgumentParser, se
         add_bench_options,
     )
     add("plugins", "list installed plugins: name, distribution, version, hooks, status")
+    add("parse", PARSE_HELP, add_parse_options)
     if hooks is not None:
         hooks.add_commands(_PluginCommands(sub))
         core_dests.add("mlxcore_handler")
@@ -121,9 +124,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(pre.log_level)
     command = next((a for a in argv if not a.startswith("-")), None)
     if command in MODEL_COMMANDS:
-        from mlxcore.blas import reexec_with_openblas
+        from mlxcore.blas import log_blas_status, reexec_with_openblas
 
         reexec_with_openblas(argv)
+        log_blas_status()
     try:
         pm = create_plugin_manager()
         enable = list(pre.plugins)
@@ -145,6 +149,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from mlxcore.cli.commands import list_plugins
 
             return list_plugins(pm)
+        if args.command == "parse":
+            from mlxcore.cli.parse_command import run_parse
+
+            return run_parse(args, hooks)
         handler = getattr(args, "mlxcore_handler", None)
         if handler is not None:
             code: int = handler(args)

@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
+import mlx.core as mx
+import mlx.nn as nn
 
 from mlxcore.config import ServerConfig
 from mlxcore.engine.engine import Engine
@@ -72,6 +74,32 @@ def resolve_model_path(model_arg: str | None) -> tuple[str, Any]:
     return model_arg, resolve_model(model_arg)
 
 
+def materialize(obj: Any) -> None:
+    """Evaluate every array reachable from ``obj`` (parameters and private attributes
+    such as precomputed RoPE frequencies).
+
+    MLX streams belong to a thread: an array still lazy on the loading thread cannot
+    be evaluated on the engine's thread, so everything is computed before handing over.
+    """
+    arrays: list[mx.array] = []
+    seen: set[int] = set()
+    stack: list[Any] = [obj]
+    while stack:
+        item = stack.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, mx.array):
+            arrays.append(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+        if isinstance(item, nn.Module):
+            stack.extend(vars(item).values())
+    mx.eval(arrays)
+
+
 def build_runtime(config: ServerConfig, hooks: PluginHooks) -> Runtime:
     """Load the model, let plugins patch it, choose parsers, and build the engine
     (not yet started)."""
@@ -87,6 +115,7 @@ def build_runtime(config: ServerConfig, hooks: PluginHooks) -> Runtime:
             loaded.tokenizer.chat_template = template  # this tokenizer instance only
             info = attrs.evolve(info, chat_template=template)
             loaded = attrs.evolve(loaded, info=info)
+    materialize(loaded.model)
     parsers = Parsers.select(hooks, loaded.info, config.tool_call_parser, config.reasoning_parser)
     engine = Engine(loaded.model, loaded.info, hooks, config)
     hidden = loaded.info.eos_token_ids | parsers.control_ids(loaded.info.vocab)

@@ -2,7 +2,8 @@
 
 A parser must answer the same whether output arrives at once or in pieces, so
 every :class:`Case` is checked in each of :data:`MODES`: ``whole`` (one
-``parse``), ``chars`` (one character at a time), ``random`` (seeded random
+``parse``), ``chars`` (one character at a time), ``chunks`` (fixed pieces of
+each of :data:`CHUNK_SIZES` characters: 2, 3 and 7), ``random`` (seeded random
 pieces) and ``tokens`` (token by token through a real tokenizer's streaming
 detokenizer, as the server does), against the expected content, reasoning and
 tool calls (names and parsed arguments; ids excepted). Generic checks come
@@ -39,8 +40,11 @@ import attrs
 
 from mlxcore.parsers.base import ParsedDelta, ReasoningParser, ToolParser
 
-MODES = ("whole", "chars", "random", "tokens")
+MODES = ("whole", "chars", "chunks", "random", "tokens")
 """The feeding modes every case is checked in."""
+
+CHUNK_SIZES = (2, 3, 7)
+"""Piece lengths of the ``chunks`` mode (``chars`` is size 1, ``whole`` the rest)."""
 
 
 def tool(name: str, description: str = "", **properties: Any) -> dict[str, Any]:
@@ -140,6 +144,11 @@ def split_random(text: str, rng: random.Random, max_len: int = 8) -> list[str]:
     return pieces
 
 
+def split_fixed(text: str, size: int) -> list[str]:
+    """``text`` cut into pieces of ``size`` characters (the last one may be shorter)."""
+    return [text[pos : pos + size] for pos in range(0, len(text), size)]
+
+
 def split_tokens(text: str, tokenizer: Any) -> list[str]:
     """``text`` as the server sees it: tokenized, then streamed through the
     tokenizer's detokenizer one token at a time (an mlx-lm ``TokenizerWrapper``)."""
@@ -199,9 +208,12 @@ def check_case(
         return
     if mode not in MODES or (mode == "tokens" and tokenizer is None):
         raise ValueError(f"mode {mode!r} needs a tokenizer or is unknown (known: {MODES})")
-    for split in range(random_splits if mode == "random" else 1):
+    splits = {"random": random_splits, "chunks": len(CHUNK_SIZES)}.get(mode, 1)
+    for split in range(splits):
         if mode == "chars":
             pieces = list(case.text)
+        elif mode == "chunks":
+            pieces = split_fixed(case.text, CHUNK_SIZES[split])
         elif mode == "random":
             pieces = split_random(case.text, random.Random(f"{seed}:{split}:{case.text}"))
         else:

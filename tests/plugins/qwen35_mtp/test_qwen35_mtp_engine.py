@@ -1,0 +1,233 @@
+"""The `qwen35-mtp` plugin on the real engine and the tiny `qwen3_5` model: the head loads,
+greedy output is token-identical to mlx-lm with MTP on (alone, in a batch, with a cached
+prefix, with drafts that are often accepted), per-request opt-out, seeded sampling."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import pytest
+from mlx_lm import stream_generate
+from mlx_lm.sample_utils import make_sampler
+
+from mlxcore.cli.runtime import Runtime, build_runtime
+from mlxcore.config import ServerConfig
+from mlxcore.engine.events import FinishEvent, TokenEvent
+from mlxcore.engine.request import GenerationRequest, SamplingParams
+from mlxcore.hooks import PluginHooks
+from mlxcore.plugins import PluginSelection, create_plugin_manager, load_plugins
+from mlxcore_qwen35_mtp.head import MTPHead
+
+PROMPTS = [
+    "The quick brown fox",
+    "def fibonacci(n):",
+    "Paris is the capital of",
+    "Once upon a time in a land far away",
+]
+
+
+def make_runtime(model: Path, **options: Any) -> Runtime:
+    pm = create_plugin_manager()
+    load_plugins(pm, PluginSelection(enable=("qwen35-mtp",), autoload=False))
+    hooks = PluginHooks(pm)
+    cfg = ServerConfig(model=str(model), plugin_options=options)
+    hooks.configure(cfg)
+    return build_runtime(cfg, hooks)
+
+
+class OracleHead:
+    """The real head, with its logits replaced by the known greedy continuation.
+
+    The real MTP module still runs (its cache is trimmed and fed as in production); only
+    the draft choice is steered: entry ``e`` of the head's cache predicts generated token
+    ``e + 2``, and every ``wrong_every``-th entry proposes a wrong token, so rounds accept
+    all, some or none of their drafts.
+    """
+
+    def __init__(self, real: MTPHead, reference: list[int], wrong_every: int) -> None:
+        self.real = real
+        self.reference = reference
+        self.wrong_every = wrong_every
+        self.make_cache = real.make_cache
+        self.forward_main = real.forward_main
+
+    def draft(self, tokens: mx.array, hidden: mx.array, cache: list[Any]) -> tuple:
+        h, logits = self.real.draft(tokens, hidden, cache)
+        entry = cache[0].offset - 1
+        token = self.reference[entry + 2] if entry + 2 < len(self.reference) else 0
+        if self.wrong_every and entry % self.wrong_every == 0:
+            token = (token + 1) % logits.shape[-1]
+        return h, mx.zeros(logits.shape).at[..., token].add(10.0)
+
+
+@pytest.fixture(scope="module")
+def rt(tiny_qwen3_5: Path):
+    runtime = make_runtime(tiny_qwen3_5, num_speculative_tokens=2, mtp_auto_off=False)
+    yield runtime
+    runtime.engine.shutdown()
+
+
+def ids(rt: Runtime, text: str) -> list[int]:
+    return list(rt.tokenizer.encode(text))
+
+
+def reference(rt: Runtime, prompt: list[int], n: int) -> list[int]:
+    gen = stream_generate(rt.model, rt.tokenizer, prompt, max_tokens=n, sampler=make_sampler(0.0))
+    return [r.token for r in gen]
+
+
+def run(rt: Runtime, request: GenerationRequest) -> tuple[list[int], FinishEvent]:
+    tokens: list[int] = []
+    for event in rt.engine.stream(request):
+        if isinstance(event, TokenEvent):
+            tokens.extend(t.token for t in event.tokens)
+        else:
+            return tokens, event
+    raise AssertionError("stream ended without a finish event")
+
+
+def run_many(rt: Runtime, requests: list[GenerationRequest]) -> list[tuple[list[int], FinishEvent]]:
+    results: list[Any] = [None] * len(requests)
+
+    def worker(i: int) -> None:
+        results[i] = run(rt, requests[i])
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(requests))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert all(r is not None for r in results)
+    return results
+
+
+def test_head_attached_and_decoder_chosen(rt: Runtime) -> None:
+    head = rt.model.mlxcore_mtp
+    assert rt.engine.decoder.name == "qwen35-mtp"
+    # shared, not copied: the very embedding module of the model
+    assert head.embed is rt.model.language_model.model.embed_tokens
+    # the w - 1 norm convention was undone (random-init RMSNorm weights are ones)
+    norm = head.module.pre_fc_norm_hidden.weight
+    assert mx.allclose(norm, mx.ones_like(norm)).item()
+
+
+def test_greedy_identical_alone_real_head(rt: Runtime) -> None:
+    for text in PROMPTS:
+        prompt = ids(rt, text)
+        tokens, finish = run(rt, GenerationRequest(prompt, 24))
+        assert tokens == reference(rt, prompt, 24), text
+        assert "speculative_acceptance" in finish.usage.extra
+        assert finish.usage.extra["speculative_tokens_per_step"] >= 1.0
+
+
+@pytest.mark.parametrize("k,wrong_every", [(1, 3), (3, 4), (3, 2)])
+def test_greedy_identical_with_accepted_drafts(rt: Runtime, k: int, wrong_every: int) -> None:
+    decoder = rt.engine.decoder
+    real, old_k = decoder.head, decoder.k
+    prompt = ids(rt, PROMPTS[1])
+    ref = reference(rt, prompt, 40)
+    decoder.head, decoder.k = OracleHead(real, ref, wrong_every), k
+    try:
+        tokens, finish = run(rt, GenerationRequest(prompt, 40))
+    finally:
+        decoder.head, decoder.k = real, old_k
+    assert tokens == ref
+    extra = finish.usage.extra
+    assert 0.3 < extra["speculative_acceptance"] < 1.0  # accepted and rejected drafts
+    assert extra["speculative_tokens_per_step"] > 1.2
+
+
+def test_greedy_identical_in_batch_with_other_sequences(rt: Runtime) -> None:
+    decoder = rt.engine.decoder
+    real = decoder.head
+    spec_prompt = ids(rt, PROMPTS[2])
+    ref = reference(rt, spec_prompt, 30)
+    others = [ids(rt, p) for p in (PROMPTS[0], PROMPTS[3])]
+    requests = [
+        GenerationRequest(spec_prompt, 30),
+        GenerationRequest(spec_prompt, 30),
+        GenerationRequest(others[0], 20, options={"speculative": False}),
+        GenerationRequest(others[1], 20),
+    ]
+    decoder.head = OracleHead(real, ref, 3)
+    try:
+        results = run_many(rt, requests)
+    finally:
+        decoder.head = real
+    assert results[0][0] == ref and results[1][0] == ref
+    assert results[2][0] == reference(rt, others[0], 20)
+    assert results[3][0] == reference(rt, others[1], 20)
+    assert "speculative_acceptance" not in results[2][1].usage.extra
+
+
+def test_above_batch_limit_falls_back_to_plain(tiny_qwen3_5: Path) -> None:
+    runtime = make_runtime(tiny_qwen3_5, speculative_disable_by_batch_size=1)
+    try:
+        prompts = [ids(runtime, p) for p in PROMPTS[:3]]
+        results = run_many(runtime, [GenerationRequest(p, 16) for p in prompts])
+        for prompt, (tokens, _) in zip(prompts, results, strict=True):
+            assert tokens == reference(runtime, prompt, 16)
+        assert runtime.engine.decoder.stats()["speculative_plain_batch"] >= 1
+    finally:
+        runtime.engine.shutdown()
+
+
+def test_cached_prefix_then_speculation(rt: Runtime) -> None:
+    prompt = ids(rt, PROMPTS[3])
+    first, _ = run(rt, GenerationRequest(prompt, 12))
+    longer = prompt + first + ids(rt, " and then")
+    tokens, finish = run(rt, GenerationRequest(longer, 20))
+    assert tokens == reference(rt, longer, 20)
+    assert finish.usage.cached_tokens > 0
+
+
+def test_speculative_false_request_decodes_plainly(rt: Runtime) -> None:
+    prompt = ids(rt, PROMPTS[0])
+    before = rt.engine.decoder.stats()["speculative_plain_request"]
+    tokens, finish = run(rt, GenerationRequest(prompt, 16, options={"speculative": False}))
+    assert tokens == reference(rt, prompt, 16)
+    assert rt.engine.decoder.stats()["speculative_plain_request"] == before + 1
+    assert "speculative_acceptance" not in finish.usage.extra
+
+
+def test_seeded_sampling_at_temperature_one(rt: Runtime) -> None:
+    decoder = rt.engine.decoder
+    real = decoder.head
+    prompt = ids(rt, PROMPTS[1])
+    ref = reference(rt, prompt, 30)
+    sampling = SamplingParams(temperature=1.0, seed=7, logprobs=True, top_logprobs=2)
+    decoder.head = OracleHead(real, ref, 0)
+    try:
+        a, fa = run(rt, GenerationRequest(prompt, 30, sampling=sampling))
+        b, _ = run(rt, GenerationRequest(prompt, 30, sampling=sampling))
+    finally:
+        decoder.head = real
+    assert len(a) == 30 and a == b  # same seed, same path: same tokens
+    assert fa.reason == "length"
+    assert fa.usage.extra["speculative_tokens_per_step"] >= 1.0
+
+
+def test_off_switch_when_head_never_agrees(tiny_qwen3_5: Path) -> None:
+    runtime = make_runtime(tiny_qwen3_5)
+    try:
+        prompt = ids(runtime, PROMPTS[0])
+        tokens, finish = run(runtime, GenerationRequest(prompt, 40))
+        assert tokens == reference(runtime, prompt, 40)
+        # random weights: the head (almost) never agrees, so speculation costs more than it
+        # gives and the sequence finishes in the plain decoder
+        assert finish.usage.extra.get("speculative_switched_off") == "slow"
+    finally:
+        runtime.engine.shutdown()
+
+
+def test_greedy_identical_batch_of_eight(rt: Runtime) -> None:
+    """Eight requests at once: sequences start speculating, then move to the plain batch
+    when it grows past the limit (4); every output still equals mlx-lm's."""
+    texts = [*PROMPTS, "1, 2, 3, 4,", "The meaning of life is", "Roses are red", "In the beginning"]
+    prompts = [ids(rt, t) for t in texts]
+    results = run_many(rt, [GenerationRequest(p, 16) for p in prompts])
+    for prompt, (tokens, _) in zip(prompts, results, strict=True):
+        assert tokens == reference(rt, prompt, 16)
