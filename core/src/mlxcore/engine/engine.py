@@ -36,6 +36,7 @@ from mlxcore.engine.strategies import (
     SequenceCache,
     StepToken,
 )
+from mlxcore.engine.threads import run_job
 from mlxcore.errors import MlxcoreError
 from mlxcore.hooks import PluginHooks
 from mlxcore.model_info import ModelInfo
@@ -100,7 +101,7 @@ class Engine:
         self._prefilling: collections.deque[_Live] = collections.deque()
         self._wake = threading.Condition()
         self._uids = itertools.count(1)
-        self._thread: threading.Thread | None = None
+        self._running: threading.Event | None = None
         self._stopping = False
         log.info(
             "engine strategies: cache=%s prefill=%s decoder=%s",
@@ -113,18 +114,19 @@ class Engine:
 
     def start(self) -> None:
         """Start the generation thread (idempotent)."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="mlxcore-engine", daemon=True)
-            self._thread.start()
+        with self._wake:
+            if self._running is None:
+                self._stopping = False
+                self._running = run_job(self._run)
 
     def shutdown(self) -> None:
         """Stop the thread; requests still running finish with ``cancelled``."""
         with self._wake:
             self._stopping = True
             self._wake.notify()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-            self._thread = None
+            running, self._running = self._running, None
+        if running is not None:
+            running.wait(timeout=30)
 
     def submit(self, request: GenerationRequest, sink: EventSink) -> RequestHandle:
         """Queue ``request``; events go to ``sink`` on the engine thread.
@@ -193,8 +195,7 @@ class Engine:
 
     # -- engine thread ----------------------------------------------------
 
-    def _run(self) -> None:
-        stream = mx.new_stream(mx.default_device())
+    def _run(self, stream: Any) -> None:
         with mx.stream(stream):
             while True:
                 with self._wake:
@@ -210,8 +211,6 @@ class Engine:
                     self._advance_prefill()
                 if len(self.decoder):
                     self._decode_step()
-            # the decoder may have queued work; MLX must not exit with it running
-            mx.synchronize(stream)
         for live in list(self._live.values()):
             self._finish(live, "cancelled")
 

@@ -1,0 +1,146 @@
+"""The agent-session benchmark: a replayed multi-turn tool-using conversation.
+
+A coding agent sends a long system prompt with tools, then one tool call and one
+tool result per turn, with a user text now and then. Every turn's prompt extends
+the previous one, so prefix reuse should make each turn's time to first token
+depend on the new suffix only. This replays such a session through the real
+engine (chat template, plugins, prefix cache, checkpoints) and measures, per turn,
+the cached share of the prompt and the TTFT, against the same prompt cold (a
+second engine whose prefix cache is disabled), side by side in one run.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import attrs
+
+from mlxcore.cli.runtime import Runtime, build_runtime
+from mlxcore.config import ServerConfig
+from mlxcore.engine.events import FinishEvent, TokenEvent
+from mlxcore.engine.request import GenerationRequest
+from mlxcore.hooks import PluginHooks
+from mlxcore.plugins import PluginSelection, create_plugin_manager, load_plugins
+from mlxcore.prompts import render_chat
+
+TOOL_NAMES = ("read_file", "write_file", "grep", "list_dir", "run_tests", "edit_file")
+TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"{name.replace('_', ' ')}: " + "details of the operation " * 6,
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}, "pattern": {"type": "string"}},
+                "required": ["path"],
+            },
+        },
+    }
+    for name in TOOL_NAMES
+]
+
+
+@attrs.frozen
+class Turn:
+    """One measured turn."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    ttft_s: float
+    cold_ttft_s: float
+
+    @property
+    def cached_fraction(self) -> float:
+        """Share of the prompt served from the prefix cache."""
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def speedup(self) -> float:
+        """Cold TTFT over cached TTFT."""
+        return self.cold_ttft_s / self.ttft_s if self.ttft_s > 0 else 0.0
+
+
+def _runtime(model: str, cache_size: str) -> Runtime:
+    pm = create_plugin_manager()
+    load_plugins(pm, PluginSelection())  # installed plugins: template quirks included
+    config = ServerConfig(model=model, prefix_cache_size=cache_size, max_model_len=None)
+    return build_runtime(config, PluginHooks(pm))
+
+
+def _ttft(rt: Runtime, request: GenerationRequest) -> tuple[float, FinishEvent]:
+    start = time.perf_counter()
+    first: float | None = None
+    for event in rt.engine.stream(request):
+        if isinstance(event, TokenEvent) and first is None:
+            first = time.perf_counter() - start
+        if isinstance(event, FinishEvent):
+            return first or (time.perf_counter() - start), event
+    raise RuntimeError("generation ended without a finish event")
+
+
+def _system_prompt(target_tokens: int) -> str:
+    line = "Follow the repository conventions; run the tests before you finish; be brief. "
+    return line * max(1, target_tokens // 16)
+
+
+def _next_messages(turn: int) -> list[dict[str, Any]]:
+    call = {
+        "id": f"call_{turn}",
+        "type": "function",
+        "function": {
+            "name": TOOL_NAMES[turn % len(TOOL_NAMES)],
+            "arguments": {"path": f"src/module_{turn}.py"},
+        },
+    }
+    result = json.dumps({"lines": [f"line {i} of module {turn}" for i in range(6)]})
+    out: list[dict[str, Any]] = [
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": f"call_{turn}", "content": result},
+    ]
+    if turn % 5 == 4:
+        out.append({"role": "user", "content": f"Good. Now look at module {turn + 1} too."})
+    return out
+
+
+def run_agent_session(
+    model: str, *, turns: int = 20, system_tokens: int = 10_000, max_tokens: int = 4
+) -> dict[str, Any]:
+    """Replay the session; return per-turn numbers and the summary the targets need."""
+    warm, cold = _runtime(model, "100000"), _runtime(model, "0")
+    try:
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": _system_prompt(system_tokens)},
+            {"role": "user", "content": "Refactor the project; start by reading module 0."},
+        ]
+        results: list[Turn] = []
+        for turn in range(turns):
+            rendered = render_chat(warm.tokenizer, messages, tools=TOOLS)
+            request = GenerationRequest(
+                tuple(rendered.ids), max_tokens, checkpoints=rendered.checkpoints()
+            )
+            ttft, finish = _ttft(warm, request)
+            cold_ttft, _ = _ttft(cold, GenerationRequest(tuple(rendered.ids), max_tokens))
+            results.append(Turn(len(rendered.ids), finish.usage.cached_tokens, ttft, cold_ttft))
+            messages += _next_messages(turn)
+    finally:
+        warm.engine.shutdown()
+        cold.engine.shutdown()
+    later = results[1:]
+    return {
+        "turns": [
+            {
+                "prompt_tokens": t.prompt_tokens,
+                "cached_tokens": t.cached_tokens,
+                "cached_fraction": round(t.cached_fraction, 4),
+                "ttft_s": round(t.ttft_s, 4),
+                "cold_ttft_s": round(t.cold_ttft_s, 4),
+                "speedup": round(t.speedup, 2),
+            }
+            for t in results
+        ],
+        "min_cached_fraction_after_first": round(min(t.cached_fraction for t in later), 4),
+        "min_speedup_after_first": round(min(t.speedup for t in later), 2),
+    }
