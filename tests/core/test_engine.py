@@ -171,7 +171,7 @@ def test_cancel_stops_the_request(llama_rt: Runtime) -> None:
         if isinstance(event, FinishEvent):
             finished.set()
 
-    handle = llama_rt.engine.submit(greedy(llama_rt, PROMPTS[0], 100_000), sink)
+    handle = llama_rt.engine.submit(greedy(llama_rt, PROMPTS[0], 30_000), sink)
     while not any(isinstance(e, TokenEvent) for e in events):
         finished.wait(0.01)
     handle.cancel()
