@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from mlxcore import blas
-from mlxcore.models import ensure_default_model, load_model
-from mlxcore.models.default import DEFAULT_MODEL_DTYPE, GGUF_NAME
+from mlxcore.models import ModelLoadError, ensure_default_model, load_model
+from mlxcore.models.default import DTYPE_ENV, GGUF_NAME, default_model_dtype
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def default_model() -> Path:
 
 @pytest.mark.slow
 def test_default_model_is_cached_and_reused(default_model: Path) -> None:
-    assert default_model.name == f"SmolLM2-135M-Instruct-{DEFAULT_MODEL_DTYPE}"
+    assert default_model.name == f"SmolLM2-135M-Instruct-{default_model_dtype()}"
     assert (default_model / "config.json").is_file()
     assert (default_model.parent / "gguf" / GGUF_NAME).is_file()
     stamp = (default_model / "model.safetensors").stat().st_mtime_ns
@@ -58,6 +58,20 @@ def test_default_model_answers_paris(default_model: Path) -> None:
     sampler = make_sampler(0.0)
     text = generate(loaded.model, tokenizer, prompt, max_tokens=16, sampler=sampler)
     assert "Paris" in text
+
+
+def test_default_dtype_follows_openblas(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in (DTYPE_ENV, blas.REEXEC_ENV, blas.DISABLE_ENV):
+        monkeypatch.delenv(name, raising=False)
+    expected = "float32" if blas.openblas_path() is not None else "quantized"
+    assert default_model_dtype() == expected
+    monkeypatch.setenv(blas.DISABLE_ENV, "1")
+    assert default_model_dtype() == ("float32" if blas.openblas_preloaded() else "quantized")
+    monkeypatch.setenv(DTYPE_ENV, "bfloat16")
+    assert default_model_dtype() == "bfloat16"
+    monkeypatch.setenv(DTYPE_ENV, "int3")
+    with pytest.raises(ModelLoadError, match=DTYPE_ENV):
+        default_model_dtype()
 
 
 def test_openblas_path_finds_a_real_library_or_none() -> None:
@@ -110,7 +124,8 @@ def _run_reexec_script(tmp_path: Path, extra_env: dict[str, str]) -> list[str]:
             """
         )
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", blas.REEXEC_ENV)}
+    unset = ("LD_PRELOAD", blas.REEXEC_ENV, blas.DISABLE_ENV)
+    env = {k: v for k, v in os.environ.items() if k not in unset}
     env.update(extra_env)
     proc = subprocess.run(
         [sys.executable, str(script), "serve", "--x"],

