@@ -165,9 +165,9 @@ def test_opt_in_plugins_do_not_autoload_but_load_when_named() -> None:
     assert statuses["qwen35-mtp"].startswith("installed")
 
 
-def test_skeleton_plugin_says_it_is_not_built() -> None:
+def test_plugin_configure_refuses_incomplete_options() -> None:
     hooks = load("specprefill")
-    with pytest.raises(UsageError, match="not built yet"):
+    with pytest.raises(UsageError, match="specprefill-draft-model"):
         hooks.configure(ServerConfig())
 
 

@@ -3,7 +3,7 @@
 Enabled with ``--plugin qwen35-mtp``. At load it attaches the checkpoint's MTP head
 (``mtp.*`` tensors, or a ``model-mtp.safetensors`` sidecar) to this model instance, and
 offers the :class:`~mlxcore_qwen35_mtp.decoder.MTPDecoder`. ``mlxcore mtp extract``
-restores a stripped head. See docs/mtp.md.
+restores a stripped head. See docs/plugins/qwen35-mtp.md.
 """
 
 from __future__ import annotations

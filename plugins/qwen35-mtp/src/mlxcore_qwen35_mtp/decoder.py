@@ -1,6 +1,6 @@
 """The MTP speculative decoder: draft with the head, verify in one pass, roll back exactly.
 
-Design (measured and documented in docs/mtp.md):
+Design (measured and documented in docs/plugins/qwen35-mtp.md):
 
 * Speculation runs per sequence at batch size 1, so each sequence accepts its own
   number of drafts. Sequences whose request says ``"speculative": false``, and every

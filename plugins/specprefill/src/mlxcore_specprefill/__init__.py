@@ -1,27 +1,102 @@
 """mlxcore plugin `specprefill`: SpecPrefill attention-scored sparse prefill.
 
-This distribution is a skeleton: it installs, is discovered (`mlxcore plugins`)
-and can be named with `--plugin specprefill`, but the feature is not built yet, so
-enabling it stops start-up with a message saying so rather than serving
-without the feature.
+``mlxcore serve TARGET --plugin specprefill --specprefill-draft-model DRAFT``: for
+prompts of at least ``--specprefill-threshold`` uncached tokens, a small draft model
+with the same tokenizer scores how much each prompt token matters and the target is
+prefilled with only the best chunks (``--specprefill-keep``) at their original
+positions. Supported targets (recognised by structure): Llama/Qwen3-style attention
+(GQA, q/k norms, rope scaling) and Qwen3.5-style hybrids (GatedDeltaNet + gated
+attention). Other targets get normal chunked prefill, with the reason logged. See
+docs/plugins/specprefill.md.
 """
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
 from mlxcore import hookimpl
 from mlxcore.config import ServerConfig
+from mlxcore.engine.strategies import PrefillStrategy
 from mlxcore.errors import UsageError
+from mlxcore.model_info import ModelInfo
+from mlxcore_specprefill.options import FLAGS, add_options, request_settings, server_settings
+from mlxcore_specprefill.stack import Unsupported, detect, probe
+from mlxcore_specprefill.strategy import SpecPrefill
 
 MLXCORE_AUTOLOAD = False
 """Not loaded unless named with `--plugin specprefill`."""
 
-FEATURE = "SpecPrefill attention-scored sparse prefill"
+log = logging.getLogger("mlxcore.plugins.specprefill")
+"""Under ``mlxcore`` so the CLI's log handler shows it."""
+
+
+@hookimpl
+def mlxcore_addoption(parser: Any) -> None:
+    """``--specprefill-draft-model``, ``--specprefill-[no-]enabled``, ``-threshold``,
+    ``-keep``, ``-chunk``."""
+    add_options(parser)
 
 
 @hookimpl
 def mlxcore_configure(config: ServerConfig) -> None:
-    """Refuse to start: the feature this plugin will provide does not exist yet."""
-    raise UsageError(
-        f"plugin 'specprefill' is installed but not built yet: {FEATURE} is not implemented "
-        "in this version; remove --plugin specprefill"
-    )
+    """Check the flags: valid values, and a draft model when enabled."""
+    try:
+        settings = server_settings(config)
+    except ValueError as exc:
+        field, message = exc.args
+        flag = FLAGS.get(str(field).rsplit(".", 1)[-1], str(field))
+        raise UsageError(f"{flag}: {message}") from exc
+    if settings.enabled and not config.option("specprefill_draft_model"):
+        raise UsageError(
+            "plugin 'specprefill' needs --specprefill-draft-model PATH (a small model with "
+            "the target's tokenizer), or --no-specprefill-enabled"
+        )
+
+
+@hookimpl
+def mlxcore_prefill_strategy(
+    model: Any, info: ModelInfo, config: ServerConfig
+) -> PrefillStrategy | None:
+    """SpecPrefill for a supported target; ``None`` (chunked prefill) otherwise."""
+    draft_path = config.option("specprefill_draft_model")
+    if not draft_path:
+        log.warning("specprefill: no --specprefill-draft-model; using normal prefill")
+        return None
+    try:
+        target = detect(model)
+        probe(target)
+    except Unsupported as exc:
+        log.warning(
+            "specprefill: target %s (%s) is not supported, using normal prefill: %s",
+            info.path,
+            info.model_type,
+            exc,
+        )
+        return None
+    from mlxcore.models.loader import load_model
+
+    loaded = load_model(draft_path)
+    if info.vocab and loaded.info.vocab != info.vocab:
+        raise UsageError(
+            f"--specprefill-draft-model {draft_path}: its tokenizer differs from the "
+            f"target's ({len(loaded.info.vocab)} vs {len(info.vocab)} tokens)"
+        )
+    try:
+        draft = detect(loaded.model)
+        probe(draft)
+    except Unsupported as exc:
+        raise UsageError(
+            f"--specprefill-draft-model {draft_path} ({loaded.info.model_type}) cannot be "
+            f"used as a draft: {exc}"
+        ) from exc
+    log.info("specprefill: target %s, draft %s", info.path, loaded.info.path)
+    return SpecPrefill(target, draft, server_settings(config), config.prefill_step_size)
+
+
+@hookimpl
+def mlxcore_validate_options(options: dict[str, Any], config: ServerConfig) -> None:
+    """Check the request's ``"specprefill"`` field (400 naming the bad sub-field)."""
+    settings = request_settings(server_settings(config), options)
+    if settings.enabled and not config.option("specprefill_draft_model"):
+        raise ValueError("specprefill.enabled", "this server has no SpecPrefill draft model")

@@ -1,0 +1,194 @@
+"""SpecPrefill's sparse prefill on real tiny models: keep 1.0 is exact, kept tokens sit
+at their original positions, decoding continues at the full length, prefix reuse."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import attrs
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import make_prompt_cache
+from sp_helpers import drive, masked_reference, prompt_ids
+
+from mlxcore.builtin.strategies import ChunkedPrefill
+from mlxcore.engine.request import GenerationRequest
+from mlxcore.engine.strategies import PrefillTask
+from mlxcore_specprefill.options import Settings
+from mlxcore_specprefill.scoring import select_chunks, uniform_chunks
+from mlxcore_specprefill.stack import TextStack, Unsupported, detect, probe
+from mlxcore_specprefill.strategy import SpecPrefill
+
+ARCHS = ["llama", "qwen3", "qwen3_5"]
+TOL = 2e-4
+
+
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024}
+LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 1024,
+}
+
+
+def make_strategy(
+    loaded: Any, arch: str, target_overrides: dict[str, Any] | None = None, **settings: Any
+) -> SpecPrefill:
+    target, _ = loaded(arch, **(target_overrides or {}))
+    draft, _ = loaded(arch, seed=1)  # another model with the same tokenizer
+    base = {"threshold": 16, "chunk": 16, **settings}
+    return SpecPrefill(detect(target), detect(draft), Settings(**base), step_size=64)
+
+
+def request(n: int, salt: int = 0) -> GenerationRequest:
+    return GenerationRequest(prompt_tokens=prompt_ids(n, salt), max_tokens=4)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_keep_one_matches_chunked_prefill(loaded: Any, arch: str) -> None:
+    model, _ = loaded(arch)
+    req = request(200)
+    ref_cache = make_prompt_cache(model)
+    ref = drive(ChunkedPrefill(model, 64).prefill(PrefillTask(req, ref_cache)))
+    sp = make_strategy(loaded, arch, keep=1.0)
+    cache = make_prompt_cache(model)
+    res = drive(sp.prefill(PrefillTask(req, cache)))
+    assert res.usage == {"prompt_tokens_total": 200, "prompt_tokens_kept": 200}
+    assert sp.counters.applications == 1
+    assert mx.allclose(res.logits, ref.logits, atol=TOL).item()
+    # the next decode step agrees too (same cache positions)
+    nxt = mx.array([[int(mx.argmax(ref.logits).item())]])
+    assert mx.allclose(model(nxt, cache=cache), model(nxt, cache=ref_cache), atol=TOL).item()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_sparse_prefill_places_kept_tokens_at_original_positions(loaded: Any, arch: str) -> None:
+    model, _ = loaded(arch)
+    req = request(240)
+    n = len(req.prompt_tokens)
+    sp = make_strategy(loaded, arch, keep=0.2)
+    cache = make_prompt_cache(model)
+    res = drive(sp.prefill(PrefillTask(req, cache)))
+    kept = sp.last_kept
+    assert kept[-1] == n - 1 and kept[0] == 0
+    assert res.usage == {"prompt_tokens_total": n, "prompt_tokens_kept": len(kept)}
+    assert len(kept) < n // 3 and res.reusable is False
+    assert all(c.offset == len(kept) for c in cache)  # the cache holds only kept entries
+    # dense reference: every query sees only kept keys, all at true positions 0..n
+    nxt = int(mx.argmax(res.logits).item())
+    ref = masked_reference(model, [*req.prompt_tokens, nxt], kept)
+    assert mx.allclose(res.logits[0], ref[n - 1], atol=TOL).item()
+    # decoding continues at position n (then n + 1), not at len(kept)
+    step1 = model(mx.array([[nxt]]), cache=cache)[0, -1]
+    assert mx.allclose(step1, ref[n], atol=TOL).item()
+    nxt2 = int(mx.argmax(step1).item())
+    ref2 = masked_reference(model, [*req.prompt_tokens, nxt, nxt2], [*kept, n])
+    step2 = model(mx.array([[nxt2]]), cache=cache)[0, -1]
+    assert mx.allclose(step2, ref2[n + 1], atol=TOL).item()
+
+
+def test_hybrid_sparse_prefill_matches_unshifted_positions(loaded: Any) -> None:
+    """Qwen3.5: GatedDeltaNet layers read the kept tokens in order; the attention
+    layers' shifted positions give the same logits as the true positions would."""
+    model, _ = loaded("qwen3_5")
+    req = request(240)
+    n = len(req.prompt_tokens)
+    sp = make_strategy(loaded, "qwen3_5", keep=0.2)
+    cache = make_prompt_cache(model)
+    res = drive(sp.prefill(PrefillTask(req, cache)))
+    kept = sp.last_kept
+    assert 0 < len(kept) < n // 3 and res.reusable is False
+    nxt = int(mx.argmax(res.logits).item())
+    step = model(mx.array([[nxt]]), cache=cache)[0, -1]
+    # reference: the same kept tokens at their true positions, decode at position n
+    stack = sp.target
+    ref_cache = make_prompt_cache(model)
+    ids = mx.array([req.prompt_tokens[p] for p in kept] + [nxt])[None]
+    h = stack.forward(ids, mx.array([*kept, n]), ref_cache)
+    inner = model.language_model.model
+    ref = inner.embed_tokens.as_linear(inner.norm(h))[0]
+    assert mx.allclose(res.logits[0], ref[-2], atol=TOL).item()
+    assert mx.allclose(step, ref[-1], atol=TOL).item()
+
+
+@pytest.mark.parametrize("scaling", [None, YARN, LLAMA3], ids=["plain", "yarn", "llama3"])
+def test_prefix_reuse_sparse_prefills_only_the_new_part(
+    loaded: Any, scaling: dict[str, Any] | None
+) -> None:
+    """The reused prefix is re-rotated to the shifted positions (YaRN's input scale
+    divided back out) and only the new part is thinned."""
+    overrides = {} if scaling is None else {"rope_scaling": scaling}
+    model, _ = loaded("llama", **overrides)
+    req = request(260)
+    n, start = len(req.prompt_tokens), 100
+    cache = make_prompt_cache(model)
+    model(mx.array([req.prompt_tokens[:start]]), cache=cache)  # the reused prefix
+    sp = make_strategy(loaded, "llama", overrides, keep=0.25)
+    res = drive(sp.prefill(PrefillTask(req, cache, start=start)))
+    kept = sp.last_kept
+    assert kept[0] >= start and kept[-1] == n - 1
+    assert res.usage == {"prompt_tokens_total": n, "prompt_tokens_kept": start + len(kept)}
+    nxt = int(mx.argmax(res.logits).item())
+    ref = masked_reference(model, [*req.prompt_tokens, nxt], [*range(start), *kept])
+    assert mx.allclose(res.logits[0], ref[n - 1], atol=TOL).item()
+    step = model(mx.array([[nxt]]), cache=cache)[0, -1]
+    assert mx.allclose(step, ref[n], atol=TOL).item()
+
+
+def test_below_threshold_or_disabled_is_plain_chunked_prefill(loaded: Any) -> None:
+    model, _ = loaded("llama")
+    sp = make_strategy(loaded, "llama", threshold=1000)
+    res = drive(sp.prefill(PrefillTask(request(200), make_prompt_cache(model))))
+    assert res.usage == {} and res.reusable and sp.counters.applications == 0
+    off = GenerationRequest(
+        prompt_tokens=prompt_ids(200), max_tokens=4, options={"specprefill": {"enabled": False}}
+    )
+    sp = make_strategy(loaded, "llama")
+    res = drive(sp.prefill(PrefillTask(off, make_prompt_cache(model))))
+    assert res.usage == {} and sp.counters.applications == 0
+
+
+def test_error_falls_back_to_full_prefill(loaded: Any, caplog: pytest.LogCaptureFixture) -> None:
+    model, _ = loaded("llama")
+    sp = make_strategy(loaded, "llama", keep=0.2)
+    logger = logging.getLogger("mlxcore.plugins.specprefill")
+    logger.addHandler(caplog.handler)  # robust to "mlxcore" not propagating to root
+
+    class Broken(TextStack):
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("boom")
+
+    sp.target = Broken(**attrs.asdict(sp.target, recurse=False))
+    req = request(200)
+    ref = drive(ChunkedPrefill(model, 64).prefill(PrefillTask(req, make_prompt_cache(model))))
+    try:
+        res = drive(sp.prefill(PrefillTask(req, make_prompt_cache(model))))
+    finally:
+        logger.removeHandler(caplog.handler)
+    assert sp.counters.errors == 1 and res.usage == {} and res.reusable
+    assert mx.allclose(res.logits, ref.logits, atol=TOL).item()
+    assert "falling back to chunked prefill" in caplog.text
+
+
+def test_unsupported_structure_is_refused_with_a_reason(loaded: Any) -> None:
+    model, _ = loaded("gemma4_text")
+    with pytest.raises(Unsupported, match="pre_feedforward_layernorm"):
+        detect(model)
+    probe(detect(loaded("qwen3_5")[0]))  # supported ones pass the numeric self-check
+    dynamic = {"rope_type": "dynamic", "factor": 2.0}
+    with pytest.raises(Unsupported, match="composed forward"):
+        probe(detect(loaded("llama", rope_scaling=dynamic)[0]))
+
+
+def test_select_chunks_keeps_head_tail_and_best() -> None:
+    scores = [0.0] * 100
+    scores[40:50] = [1.0] * 10
+    kept = select_chunks(scores, 0, keep=0.3, chunk=10, tail=8)
+    assert kept == [*range(0, 10), *range(40, 50), *range(90, 100)]
+    assert select_chunks(scores, 0, keep=1.0, chunk=7, tail=8) == list(range(100))
+    assert select_chunks(scores, 30, keep=0.2, chunk=10, tail=8)[0] >= 30
+    uniform = uniform_chunks(100, 0, keep=0.3, chunk=10, tail=8)
+    assert len(uniform) == 30 and uniform[-1] == 99
