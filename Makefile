@@ -41,7 +41,7 @@ docs:
 	$(PY) scripts/gen_hooks_doc.py
 
 test: setup lint typecheck
-	.venv/bin/pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
+	.venv/bin/pytest -n 2 --dist loadgroup --durations=15 $(PYTEST_ARGS)
 
 clean:
 	rm -rf .venv .tools .pytest_cache .mypy_cache .ruff_cache
