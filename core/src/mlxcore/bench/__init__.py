@@ -24,6 +24,10 @@ from typing import Any
 
 def run_bench(args: argparse.Namespace, config: Any = None) -> int:
     """Run ``mlxcore bench`` from parsed command-line arguments; return the exit code."""
+    if getattr(args, "agent_session", False):
+        from mlxcore.bench.agent import main_agent
+
+        return main_agent(args)
     from mlxcore.bench.runner import main
 
     return main(args)

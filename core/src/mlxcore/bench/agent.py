@@ -144,3 +144,44 @@ def run_agent_session(
         "min_cached_fraction_after_first": round(min(t.cached_fraction for t in later), 4),
         "min_speedup_after_first": round(min(t.speedup for t in later), 2),
     }
+
+
+def add_agent_options(parser: Any) -> None:
+    """``mlxcore bench --agent-session``: run only the agent-session replay."""
+    group = parser.add_argument_group("agent session")
+    group.add_argument(
+        "--agent-session",
+        action="store_true",
+        help="replay a multi-turn tool-using agent session instead of the default benchmark",
+    )
+    group.add_argument("--agent-turns", type=int, default=20, help="turns to replay")
+    group.add_argument(
+        "--agent-system-tokens", type=int, default=10_000, help="approximate system prompt size"
+    )
+
+
+def main_agent(args: Any) -> int:
+    """Run the agent-session replay on the command's model; print a table or JSON."""
+    from mlxcore.cli.runtime import resolve_model_path
+
+    model = str(resolve_model_path(args.model)[1].path)
+    result = run_agent_session(
+        model, turns=args.agent_turns, system_tokens=args.agent_system_tokens
+    )
+    result["targets"] = {
+        "cached_fraction_after_first >= 0.9": result["min_cached_fraction_after_first"] >= 0.9,
+        "ttft_speedup_after_first >= 10": result["min_speedup_after_first"] >= 10,
+    }
+    if getattr(args, "json", False):
+        print(json.dumps(result, indent=2))
+        return 0
+    print(
+        f"{'turn':>4} {'prompt':>7} {'cached':>7} {'share':>6} {'TTFT s':>8} {'cold s':>8} {'x':>7}"
+    )
+    for i, t in enumerate(result["turns"]):
+        print(
+            f"{i:>4} {t['prompt_tokens']:>7} {t['cached_tokens']:>7} {t['cached_fraction']:>6.3f} "
+            f"{t['ttft_s']:>8.3f} {t['cold_ttft_s']:>8.3f} {t['speedup']:>7.1f}"
+        )
+    print(json.dumps(result["targets"]))
+    return 0

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mlxcore.bench.agent import add_agent_options
 from mlxcore.bench.options import add_bench_options
 from mlxcore.cli import options
 from mlxcore.cli.parse_command import HELP as PARSE_HELP
@@ -75,6 +76,7 @@ def build_parser(hooks: PluginHooks | None) -> tuple[argparse.ArgumentParser, se
         "measure decode speed, concurrency and prefix caching: mlx-lm in-process vs mlxcore HTTP",
         options.add_model_options,
         add_bench_options,
+        add_agent_options,
     )
     add("plugins", "list installed plugins: name, distribution, version, hooks, status")
     add("parse", PARSE_HELP, add_parse_options)
