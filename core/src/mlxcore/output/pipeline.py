@@ -36,6 +36,14 @@ class OutputDelta:
             self.content or self.reasoning or self.tool_calls or self.logprobs or self.finish_reason
         )
 
+    def extend(self, other: OutputDelta) -> None:
+        """Append ``other`` (a later delta of the same generation) in place."""
+        self.content += other.content
+        self.reasoning += other.reasoning
+        self.tool_calls.extend(other.tool_calls)
+        self.logprobs.extend(other.logprobs)
+        self.finish_reason = other.finish_reason or self.finish_reason
+
 
 class OutputPipeline:
     """Turns one request's tokens into client deltas.

@@ -174,3 +174,11 @@ class GenerationService:
         finally:
             if not finished:
                 handle.cancel("cancelled")
+
+
+async def collect(deltas: AsyncIterator[OutputDelta]) -> OutputDelta:
+    """A whole generation as one delta (non-streaming responses)."""
+    total = OutputDelta()
+    async for delta in deltas:
+        total.extend(delta)
+    return total

@@ -22,7 +22,7 @@ from mlxcore.server.requests import (
     unless_disconnected,
     validated_options,
 )
-from mlxcore.server.service import Generation, GenerationService
+from mlxcore.server.service import Generation, GenerationService, collect
 from mlxcore_anthropic import convert
 from mlxcore_anthropic.encode import (
     EventWriter,
@@ -124,7 +124,7 @@ async def messages(request: Request[Any, Any, Any]) -> Any:
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
-    out = await unless_disconnected(request, _collect(deltas))
+    out = await unless_disconnected(request, collect(deltas))
     reason, sequence = stop_reason(out.finish_reason, gen.pipeline)
     return {
         "id": gen.request.request_id,
@@ -136,16 +136,6 @@ async def messages(request: Request[Any, Any, Any]) -> Any:
         "stop_sequence": sequence,
         "usage": usage_body(gen.usage),
     }
-
-
-async def _collect(deltas: AsyncIterator[OutputDelta]) -> OutputDelta:
-    total = OutputDelta()
-    async for d in deltas:
-        total.content += d.content
-        total.reasoning += d.reasoning
-        total.tool_calls.extend(d.tool_calls)
-        total.finish_reason = d.finish_reason or total.finish_reason
-    return total
 
 
 async def _events(

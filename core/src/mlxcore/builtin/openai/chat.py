@@ -35,7 +35,7 @@ from mlxcore.server.requests import (
     unless_disconnected,
     validated_options,
 )
-from mlxcore.server.service import Generation, GenerationService
+from mlxcore.server.service import Generation, GenerationService, collect
 
 KNOWN_FIELDS = frozenset(ChatCompletionRequest.__struct_fields__)
 
@@ -125,24 +125,13 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Any:
     return Response(await unless_disconnected(request, _complete(gens, streams, model, logprobs)))
 
 
-async def _collect(stream: AsyncIterator[OutputDelta]) -> OutputDelta:
-    total = OutputDelta()
-    async for delta in stream:
-        total.content += delta.content
-        total.reasoning += delta.reasoning
-        total.tool_calls.extend(delta.tool_calls)
-        total.logprobs.extend(delta.logprobs)
-        total.finish_reason = delta.finish_reason or total.finish_reason
-    return total
-
-
 async def _complete(
     gens: list[Generation],
     streams: list[AsyncIterator[OutputDelta]],
     model: str,
     logprobs: LogprobEncoder | None,
 ) -> dict[str, Any]:
-    results = await asyncio.gather(*(_collect(s) for s in streams))
+    results = await asyncio.gather(*(collect(s) for s in streams))
     choices = []
     for index, out in enumerate(results):
         message: dict[str, Any] = {"role": "assistant", "content": out.content or None}

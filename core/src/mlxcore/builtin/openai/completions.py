@@ -35,7 +35,7 @@ from mlxcore.server.requests import (
     unless_disconnected,
     validated_options,
 )
-from mlxcore.server.service import Generation, GenerationService
+from mlxcore.server.service import Generation, GenerationService, collect
 
 
 def _prompt_tokens(svc: GenerationService, prompt: str | list[str | int]) -> list[int]:
@@ -115,7 +115,7 @@ async def completions(request: Request[Any, Any, Any]) -> Any:
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
-    results = await unless_disconnected(request, asyncio.gather(*(_collect(s) for s in streams)))
+    results = await unless_disconnected(request, asyncio.gather(*(collect(s) for s in streams)))
     choices = [
         {
             "index": i,
@@ -135,15 +135,6 @@ async def completions(request: Request[Any, Any, Any]) -> Any:
             "usage": usage_body([g.usage for g in gens]),
         }
     )
-
-
-async def _collect(stream: AsyncIterator[OutputDelta]) -> OutputDelta:
-    total = OutputDelta()
-    async for d in stream:
-        total.content += d.content
-        total.logprobs.extend(d.logprobs)
-        total.finish_reason = d.finish_reason or total.finish_reason
-    return total
 
 
 async def _stream(
