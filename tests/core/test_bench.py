@@ -89,7 +89,10 @@ def _positive(section: dict[str, Any], *keys: str) -> None:
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_bench_runs_every_measurement_on_a_tiny_model(tiny_llama: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["interleaved", "sequential"])
+def test_bench_runs_every_measurement_on_a_tiny_model(
+    tiny_llama: Path, tmp_path: Path, mode: str
+) -> None:
     out_file = tmp_path / "bench.json"
     done = subprocess.run(
         [
@@ -113,6 +116,7 @@ def test_bench_runs_every_measurement_on_a_tiny_model(tiny_llama: Path, tmp_path
             "3",
             "--log-level",
             "warning",
+            *(["--sequential"] if mode == "sequential" else []),
         ],
         capture_output=True,
         text=True,
@@ -137,6 +141,7 @@ def test_bench_runs_every_measurement_on_a_tiny_model(tiny_llama: Path, tmp_path
         _positive(part, "decode_tok_s", "ttft_s", "prompt_tokens", "completion_tokens")
         assert part["completion_tokens"] <= 12
     assert result["in_process"]["prompt_tokens"] == result["http_single"]["prompt_tokens"]
+    assert result["settings"]["sequential"] is (mode == "sequential")
     _positive(result["in_process"]["long_prompt"], "ttft_s", "prompt_tokens")
 
     levels = [row["concurrency"] for row in result["concurrency"]]

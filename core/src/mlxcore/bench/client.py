@@ -93,31 +93,14 @@ def _client(connections: int = 32) -> httpx.AsyncClient:
     return httpx.AsyncClient(timeout=_TIMEOUT, limits=limits)
 
 
-async def _single(
-    target: HttpTarget, messages: list[Any], max_tokens: int, repeats: int
-) -> list[StreamRun]:
+async def _once(target: HttpTarget, messages: list[Any], max_tokens: int) -> StreamRun:
     async with _client() as client:
-        await stream_chat(client, target, messages, min(8, max_tokens))
-        runs = []
-        for i in range(repeats):
-            run = await stream_chat(client, target, messages, max_tokens)
-            log.info(
-                "HTTP single stream %d/%d: %d tokens, TTFT %.3f s, %.1f tok/s",
-                i + 1,
-                repeats,
-                run.completion_tokens,
-                run.ttft_s,
-                run.decode_tok_s,
-            )
-            runs.append(run)
-        return runs
+        return await stream_chat(client, target, messages, max_tokens)
 
 
-def measure_single(
-    target: HttpTarget, messages: list[Any], *, max_tokens: int, repeats: int
-) -> list[StreamRun]:
-    """Warm up, then stream ``messages`` ``repeats`` times, one after the other."""
-    return asyncio.run(_single(target, messages, max_tokens, repeats))
+def stream_once(target: HttpTarget, messages: list[Any], max_tokens: int) -> StreamRun:
+    """Stream one chat completion on a fresh connection and time it."""
+    return asyncio.run(_once(target, messages, max_tokens))
 
 
 async def _concurrent_once(
@@ -139,33 +122,42 @@ async def _concurrent_once(
     }
 
 
+def _level_summary(n: int, reps: list[dict[str, Any]]) -> dict[str, Any]:
+    def med(key: str) -> float:
+        return median_of([r[key] for r in reps])
+
+    return {
+        "concurrency": n,
+        "aggregate_tok_s": round(med("aggregate_tok_s"), 3),
+        "completion_tokens": int(med("completion_tokens")),
+        "wall_s": round(med("wall_s"), 4),
+        "ttft_median_s": round(med("ttft_median_s"), 6),
+        "stream_decode_tok_s_median": round(med("stream_decode_tok_s_median"), 3),
+        "repeats": len(reps),
+        "runs": [{k: round(v, 6) for k, v in r.items()} for r in reps],
+    }
+
+
 async def _concurrency(
     target: HttpTarget, levels: tuple[int, ...], max_tokens: int, repeats: int
 ) -> list[dict[str, Any]]:
-    results = []
+    reps: dict[int, list[dict[str, Any]]] = {n: [] for n in levels}
     async with _client(max(levels) * 2) as client:
         await _concurrent_once(client, target, max(levels), min(8, max_tokens))
-        for n in levels:
-            reps = []
-            for _ in range(repeats):
-                reps.append(await _concurrent_once(client, target, n, max_tokens))
-            best = median_of([r["aggregate_tok_s"] for r in reps])
-            log.info("HTTP concurrency %d: %.1f tok/s aggregate (median)", n, best)
-            results.append(
-                {
-                    "concurrency": n,
-                    "aggregate_tok_s": round(best, 3),
-                    "completion_tokens": int(median_of([r["completion_tokens"] for r in reps])),
-                    "wall_s": round(median_of([r["wall_s"] for r in reps]), 4),
-                    "ttft_median_s": round(median_of([r["ttft_median_s"] for r in reps]), 6),
-                    "stream_decode_tok_s_median": round(
-                        median_of([r["stream_decode_tok_s_median"] for r in reps]), 3
-                    ),
-                    "repeats": len(reps),
-                    "runs": [{k: round(v, 6) for k, v in r.items()} for r in reps],
-                }
-            )
-    return results
+        for r in range(repeats):
+            for n in levels if r % 2 == 0 else reversed(levels):
+                rep = await _concurrent_once(client, target, n, max_tokens)
+                log.info(
+                    "HTTP concurrency %d, run %d/%d: %.1f tok/s aggregate, %d tokens in %.1f s",
+                    n,
+                    r + 1,
+                    repeats,
+                    rep["aggregate_tok_s"],
+                    rep["completion_tokens"],
+                    rep["wall_s"],
+                )
+                reps[n].append(rep)
+    return [_level_summary(n, reps[n]) for n in levels]
 
 
 def measure_concurrency(
@@ -174,7 +166,9 @@ def measure_concurrency(
     """Aggregate tok/s of N concurrent streams (distinct prompts) for each N in ``levels``.
 
     Aggregate = all tokens generated / the wall time from sending the first request to the
-    end of the last stream. A short warm-up at the highest level runs first.
+    end of the last stream. A short warm-up at the highest level runs first; then each
+    repeat goes through every level (up, then down on the next repeat), so a change in the
+    machine's load during the run does not fall on one level only.
     """
     return asyncio.run(_concurrency(target, levels, max_tokens, repeats))
 

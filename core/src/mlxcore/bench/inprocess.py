@@ -107,46 +107,6 @@ def timed_generate(
     )
 
 
-def run_baseline(
-    baseline: LoadedBaseline,
-    messages: list[Message],
-    *,
-    max_tokens: int,
-    repeats: int,
-    prefill_step_size: int,
-    long_messages: list[Message] | None = None,
-) -> dict[str, Any]:
-    """Warm up, then time ``repeats`` greedy generations of ``messages``.
-
-    With ``long_messages``, also time one prefill of that (long) prompt: the in-process
-    reference for the cold TTFT of the prefix-cache measurement.
-    """
-    tokens = prompt_tokens(baseline.tokenizer, messages)
-    timed_generate(baseline, tokens, min(8, max_tokens), prefill_step_size)
-    runs = []
-    for i in range(repeats):
-        run = timed_generate(baseline, tokens, max_tokens, prefill_step_size)
-        log.info(
-            "in-process run %d/%d: %d tokens, TTFT %.3f s, %.1f tok/s",
-            i + 1,
-            repeats,
-            run.completion_tokens,
-            run.ttft_s,
-            run.decode_tok_s,
-        )
-        runs.append(run)
-    long_run = None
-    if long_messages is not None:
-        long_tokens = prompt_tokens(baseline.tokenizer, long_messages)
-        long_run = timed_generate(baseline, long_tokens, 2, prefill_step_size)
-        log.info(
-            "in-process long prompt: %d tokens, TTFT %.3f s",
-            long_run.prompt_tokens,
-            long_run.ttft_s,
-        )
-    return {"runs": runs, "long_prompt": long_run}
-
-
 def release(baseline: LoadedBaseline) -> None:
     """Drop the model's weights and MLX's buffer cache before the server loads its own."""
     import mlx.core as mx

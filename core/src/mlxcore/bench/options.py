@@ -49,6 +49,8 @@ class BenchSettings:
         port: the server port (None: a free one).
         host: the server address.
         startup_timeout: seconds to wait for the server's ``/health``.
+        sequential: run every mlx-lm measurement (and free its weights) before the server
+            starts, instead of alternating single-stream runs with the server's.
         quick: a ``--quick`` run.
         json: print JSON instead of the table.
         output: also write the JSON here.
@@ -67,6 +69,7 @@ class BenchSettings:
     port: int | None = None
     host: str = "127.0.0.1"
     startup_timeout: float = 600.0
+    sequential: bool = False
     quick: bool = False
     json: bool = False
     output: Path | None = None
@@ -138,6 +141,12 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
         "--startup-timeout", type=float, default=600.0, help="seconds to wait for the server"
     )
     group.add_argument(
+        "--sequential",
+        action="store_true",
+        help="finish mlx-lm in-process (and free its weights) before starting the server, "
+        "instead of alternating single-stream runs (halves peak memory; less robust to load)",
+    )
+    group.add_argument(
         "--serve-arg",
         action="append",
         default=[],
@@ -197,6 +206,7 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         serve_args=tuple(serve_args),
         port=args.port,
         startup_timeout=args.startup_timeout,
+        sequential=args.sequential,
         quick=args.quick,
         json=args.json,
         output=args.output,

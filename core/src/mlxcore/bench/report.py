@@ -142,6 +142,13 @@ def _load(values: list[float] | None) -> str:
     return "n/a" if values is None else "/".join(f"{v:.1f}" for v in values)
 
 
+def _spread(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
+    """``"min-max"`` of the repeats (empty for a single run)."""
+    if len(values) < 2:
+        return ""
+    return f"runs {min(values) * scale:.{digits}f}-{max(values) * scale:.{digits}f}"
+
+
 def _yes(value: bool | None) -> str:
     return {True: "yes", False: "no", None: "unknown"}[value]
 
@@ -166,9 +173,10 @@ def format_table(result: dict[str, Any]) -> str:
     ip, hs, r = result["in_process"], result["http_single"], result["ratios"]
 
     def decode_detail(part: dict[str, Any]) -> str:
+        spread = _spread([run["decode_tok_s"] for run in part["runs"]])
         return (
             f"TTFT {part['ttft_s'] * 1000:.0f} ms, {part['completion_tokens']} tokens, "
-            f"prompt {part['prompt_tokens']} tokens"
+            f"prompt {part['prompt_tokens']} tokens" + (f"; {spread}" if spread else "")
         )
 
     rows.append(("decode, mlx-lm in-process", f"{ip['decode_tok_s']:.1f} tok/s", decode_detail(ip)))
@@ -183,13 +191,15 @@ def format_table(result: dict[str, Any]) -> str:
         )
     )
     for row in result["concurrency"]:
+        aggs = [run["aggregate_tok_s"] for run in row["runs"]]
         rows.append(
             (
                 f"aggregate, concurrency {row['concurrency']}",
                 f"{row['aggregate_tok_s']:.1f} tok/s",
                 f"{row['completion_tokens']} tokens in {row['wall_s']:.1f} s, "
                 f"TTFT median {row['ttft_median_s'] * 1000:.0f} ms, "
-                f"per stream {row['stream_decode_tok_s_median']:.1f} tok/s",
+                f"per stream {row['stream_decode_tok_s_median']:.1f} tok/s"
+                + (f"; {spread}" if (spread := _spread(aggs)) else ""),
             )
         )
     rows.append(
@@ -200,18 +210,22 @@ def format_table(result: dict[str, Any]) -> str:
         )
     )
     pc = result["prefix_cache"]
+    colds = [p["cold"]["ttft_s"] for p in pc["runs"]]
+    warms = [p["cached"]["ttft_s"] for p in pc["runs"]]
     rows.append(
         (
             f"TTFT cold, {pc['prompt_tokens']}-token prompt",
             f"{pc['cold_ttft_s'] * 1000:.0f} ms",
-            f"cached_tokens {pc['cold_cached_tokens']}",
+            f"cached_tokens {pc['cold_cached_tokens']}"
+            + (f"; {spread} ms" if (spread := _spread(colds, 1000, 0)) else ""),
         )
     )
     rows.append(
         (
             "TTFT cached follow-up",
             f"{pc['cached_ttft_s'] * 1000:.0f} ms",
-            f"cached_tokens {pc['cached_tokens']} of {pc['followup_prompt_tokens']}",
+            f"cached_tokens {pc['cached_tokens']} of {pc['followup_prompt_tokens']}"
+            + (f"; {spread} ms" if (spread := _spread(warms, 1000, 0)) else ""),
         )
     )
     rows.append(

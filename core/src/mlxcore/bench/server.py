@@ -24,6 +24,7 @@ from typing import IO, Any
 import httpx
 
 from mlxcore import blas
+from mlxcore.bench.client import HttpTarget
 from mlxcore.errors import MlxcoreError
 
 log = logging.getLogger(__name__)
@@ -110,6 +111,8 @@ class ServerProcess:
         ]
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
+        self.log_path: Path | None = None
+        self.keep_log = False
         self.model_id = ""
         self.openblas: bool | None = None
 
@@ -118,6 +121,10 @@ class ServerProcess:
         """The server's root URL."""
         return f"http://{self.host}:{self.port}"
 
+    def target(self) -> HttpTarget:
+        """Where clients reach the started server, and the model name to send."""
+        return HttpTarget(self.base_url, self.model_id)
+
     def start(self, timeout: float) -> None:
         """Start the server and wait for ``/health``; learn the model id clients must send.
 
@@ -125,7 +132,10 @@ class ServerProcess:
             MlxcoreError: the server exited or did not answer in ``timeout`` seconds (with the
                 end of its log).
         """
-        self._log = tempfile.TemporaryFile(prefix="mlxcore-bench-server-")  # noqa: SIM115
+        self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115
+            prefix="mlxcore-bench-server-", suffix=".log", delete=False
+        )
+        self.log_path = Path(self._log.name)
         log.info("starting server: %s", " ".join(self.argv[1:]))
         self.proc = subprocess.Popen(
             self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=self.env
@@ -156,15 +166,33 @@ class ServerProcess:
 
     def log_tail(self, lines: int = 30) -> str:
         """The last ``lines`` lines of the server's output."""
-        if self._log is None:
+        if self.log_path is None:
             return ""
-        self._log.flush()
-        self._log.seek(0)
-        text = self._log.read().decode(errors="replace")
+        if self._log is not None:
+            self._log.flush()
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
         return "\n".join(text.splitlines()[-lines:])
 
+    def failure(self, what: str, exc: BaseException) -> MlxcoreError:
+        """An error for a failed measurement: the cause, the server's state and log.
+
+        The log file is kept (its path is in the message) so the failure can be studied.
+        """
+        state = "running"
+        if self.proc is not None and self.proc.poll() is not None:
+            state = f"exited with code {self.proc.returncode}"
+        self.keep_log = True
+        return MlxcoreError(
+            f"{what} failed: {type(exc).__name__}: {exc}\nthe server is {state}; its log is "
+            f"{self.log_path}; it ends with:\n{self.log_tail()}"
+        )
+
     def stop(self) -> None:
-        """Stop the server (SIGINT, then SIGKILL after 20 s) and close its log."""
+        """Stop the server (SIGINT, then SIGKILL after 20 s); delete its log unless a failure
+        asked to keep it."""
         proc, self.proc = self.proc, None
         if proc is not None and proc.poll() is None:
             proc.send_signal(signal.SIGINT)
@@ -176,9 +204,13 @@ class ServerProcess:
         if self._log is not None:
             self._log.close()
             self._log = None
+        if self.log_path is not None and not self.keep_log:
+            self.log_path.unlink(missing_ok=True)
 
     def __enter__(self) -> ServerProcess:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc is not None and not isinstance(exc, KeyboardInterrupt):
+            self.keep_log = True
         self.stop()
