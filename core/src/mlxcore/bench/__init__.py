@@ -12,6 +12,8 @@ The run has four parts, all on the same model and (on Linux) the same OpenBLAS s
 Modules: :mod:`~mlxcore.bench.options` (flags and settings), :mod:`~mlxcore.bench.workloads`
 (prompts), :mod:`~mlxcore.bench.inprocess` (the mlx-lm baseline), :mod:`~mlxcore.bench.server`
 (the server subprocess), :mod:`~mlxcore.bench.client` (the HTTP measurements),
+:mod:`~mlxcore.bench.compare` (``--compare-body``: a plugin's feature on vs off on one server),
+:mod:`~mlxcore.bench.agent` (``--agent-session``),
 :mod:`~mlxcore.bench.report` (machine facts, ratios, targets, table) and
 :mod:`~mlxcore.bench.runner` (the whole run). Importing this package is cheap (no MLX).
 """
@@ -28,6 +30,10 @@ def run_bench(args: argparse.Namespace, config: Any = None) -> int:
         from mlxcore.bench.agent import main_agent
 
         return main_agent(args)
+    if getattr(args, "compare_body", None) is not None:
+        from mlxcore.bench.compare import main_compare
+
+        return main_compare(args)
     from mlxcore.bench.runner import main
 
     return main(args)

@@ -26,6 +26,16 @@ from mlxcore.errors import MlxcoreError
 log = logging.getLogger(__name__)
 
 _TIMEOUT = httpx.Timeout(1800.0, connect=30.0)
+#: The OpenAI usage fields; anything else in a usage chunk is a plugin's extension.
+_STANDARD_USAGE = frozenset(
+    {
+        "prompt_tokens",
+        "completion_tokens",
+        "total_tokens",
+        "prompt_tokens_details",
+        "completion_tokens_details",
+    }
+)
 
 
 @attrs.define
@@ -37,10 +47,14 @@ class HttpTarget:
 
 
 async def stream_chat(
-    client: httpx.AsyncClient, target: HttpTarget, messages: list[Any], max_tokens: int
+    client: httpx.AsyncClient,
+    target: HttpTarget,
+    messages: list[Any],
+    max_tokens: int,
+    extra: dict[str, Any] | None = None,
 ) -> StreamRun:
-    """Stream one chat completion and time it."""
-    body = workloads.chat_body(target.model, messages, max_tokens)
+    """Stream one chat completion and time it; ``extra`` adds fields to the request body."""
+    body = {**workloads.chat_body(target.model, messages, max_tokens), **(extra or {})}
     first: float | None = None
     last: float | None = None
     usage: dict[str, Any] = {}
@@ -85,16 +99,18 @@ async def stream_chat(
         total_s=end - start,
         cached_tokens=int(details.get("cached_tokens") or 0),
         finish_reason=finish,
+        usage_extra={k: v for k, v in usage.items() if k not in _STANDARD_USAGE},
     )
 
 
-def _client(connections: int = 32) -> httpx.AsyncClient:
+def http_client(connections: int = 32) -> httpx.AsyncClient:
+    """An async HTTP client with the bench's long timeouts and ``connections`` connections."""
     limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
     return httpx.AsyncClient(timeout=_TIMEOUT, limits=limits)
 
 
 async def _once(target: HttpTarget, messages: list[Any], max_tokens: int) -> StreamRun:
-    async with _client() as client:
+    async with http_client() as client:
         return await stream_chat(client, target, messages, max_tokens)
 
 
@@ -142,7 +158,7 @@ async def _concurrency(
     target: HttpTarget, levels: tuple[int, ...], max_tokens: int, repeats: int
 ) -> list[dict[str, Any]]:
     reps: dict[int, list[dict[str, Any]]] = {n: [] for n in levels}
-    async with _client(max(levels) * 2) as client:
+    async with http_client(max(levels) * 2) as client:
         await _concurrent_once(client, target, max(levels), min(8, max_tokens))
         for r in range(repeats):
             for n in levels if r % 2 == 0 else reversed(levels):
@@ -182,7 +198,7 @@ async def _prefix(
     rng: random.Random,
 ) -> list[dict[str, Any]]:
     pairs = []
-    async with _client() as client:
+    async with http_client() as client:
         for i in range(repeats):
             text, word = workloads.long_prefix(count_tokens, prefix_tokens, rng)
             cold_msgs = workloads.prefix_messages(text, workloads.COLD_QUESTION)

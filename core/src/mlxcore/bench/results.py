@@ -30,6 +30,7 @@ class StreamRun:
         total_s: seconds from the request to the end of the response.
         cached_tokens: prompt tokens served from the prefix cache (HTTP only).
         finish_reason: ``"length"``, ``"stop"``...
+        usage_extra: the usage fields beyond OpenAI's (plugins' extensions, HTTP only).
     """
 
     prompt_tokens: int
@@ -39,6 +40,7 @@ class StreamRun:
     total_s: float
     cached_tokens: int = 0
     finish_reason: str | None = None
+    usage_extra: dict[str, Any] = attrs.field(factory=dict)
 
     @property
     def decode_tok_s(self) -> float:
@@ -58,6 +60,7 @@ class StreamRun:
             "total_s": round(self.total_s, 6),
             "decode_tok_s": round(self.decode_tok_s, 3),
             "finish_reason": self.finish_reason,
+            **({"usage_extra": self.usage_extra} if self.usage_extra else {}),
         }
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mlxcore.bench.agent import add_agent_options
+from mlxcore.bench.compare import add_compare_options
 from mlxcore.bench.options import add_bench_options
 from mlxcore.cli import options
 from mlxcore.cli.parse_command import HELP as PARSE_HELP
@@ -77,6 +78,7 @@ def build_parser(hooks: PluginHooks | None) -> tuple[argparse.ArgumentParser, se
         options.add_model_options,
         add_bench_options,
         add_agent_options,
+        add_compare_options,
     )
     add("plugins", "list installed plugins: name, distribution, version, hooks, status")
     add("parse", PARSE_HELP, add_parse_options)

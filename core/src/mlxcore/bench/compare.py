@@ -1,0 +1,316 @@
+"""``mlxcore bench --compare-body JSON``: one server, a feature on vs off, side by side.
+
+A plugin's feature (MTP speculation, SpecPrefill...) is on for the server started with its
+flags; the same server also serves requests whose body carries extra fields that turn the
+feature off for that request (``{"speculative": false}``,
+``{"specprefill": {"enabled": false}}``). This mode sends both kinds of request, alternating,
+at every concurrency level, and reports decode tok/s, aggregate tok/s and time to first
+token of each side and their ratios. Both sides share the model, the process and the
+machine's load at the moment, so the ratio is the feature's effect.
+
+With ``--prompt-tokens N`` every request gets a new prompt of about N tokens that nothing
+served before shares (a fresh seed word at its start), so TTFT is a cold prefill each time;
+otherwise the requests are the long-writing prompts of the decode measurements.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import random
+import secrets
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import httpx
+
+from mlxcore.bench import client, report, workloads
+from mlxcore.bench.options import BenchSettings, settings_from_args
+from mlxcore.bench.results import StreamRun, median_of, ratio
+from mlxcore.bench.server import ServerProcess
+from mlxcore.errors import MlxcoreError
+
+log = logging.getLogger(__name__)
+
+SIDES = ("on", "off")
+
+
+@attrs.frozen
+class CompareSettings:
+    """What the comparison needs beyond the common bench settings.
+
+    Attributes:
+        off_body: the request-body fields that turn the feature off.
+        prompt_tokens: the length of each (cold, unique) prompt; None: the writing prompts.
+    """
+
+    off_body: dict[str, Any]
+    prompt_tokens: int | None = None
+
+
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc}): {text!r}") from None
+    if not isinstance(value, dict) or not value:
+        raise argparse.ArgumentTypeError(f"expected a non-empty JSON object, got {text!r}")
+    return value
+
+
+def add_compare_options(parser: argparse.ArgumentParser) -> None:
+    """``--compare-body`` and ``--prompt-tokens``."""
+    group = parser.add_argument_group("feature on vs off")
+    group.add_argument(
+        "--compare-body",
+        type=_json_object,
+        default=None,
+        metavar="JSON",
+        help="request-body fields that turn a feature off, e.g. '{\"speculative\": false}': "
+        "run only the on/off comparison on one server (its flags come from --serve-arg/--plugin)",
+    )
+    group.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --compare-body: give every request a new, cold prompt of about N tokens "
+        "(measures prefill / TTFT); default: the long-writing prompts",
+    )
+
+
+def _messages_factory(
+    settings: CompareSettings, count_tokens: Callable[[str], int] | None, rng: random.Random
+) -> Callable[[int], list[workloads.Message]]:
+    if settings.prompt_tokens is None:
+        return workloads.writing_messages
+    assert count_tokens is not None
+    target = settings.prompt_tokens
+
+    def cold(index: int) -> list[workloads.Message]:
+        text, _ = workloads.long_prefix(count_tokens, target, rng)
+        return workloads.prefix_messages(text, workloads.COLD_QUESTION)
+
+    return cold
+
+
+async def _batch(
+    http: httpx.AsyncClient,
+    target: client.HttpTarget,
+    prompts: list[list[workloads.Message]],
+    max_tokens: int,
+    extra: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """``len(prompts)`` concurrent streams with the same ``extra`` body fields."""
+    start = time.perf_counter()
+    runs: list[StreamRun] = await asyncio.gather(
+        *(client.stream_chat(http, target, m, max_tokens, extra) for m in prompts)
+    )
+    wall = time.perf_counter() - start
+    tokens = sum(r.completion_tokens for r in runs)
+    return {
+        "aggregate_tok_s": tokens / wall if wall > 0 else 0.0,
+        "wall_s": wall,
+        "completion_tokens": tokens,
+        "prompt_tokens_median": median_of([r.prompt_tokens for r in runs]),
+        "cached_tokens_max": max(r.cached_tokens for r in runs),
+        "ttft_median_s": median_of([r.ttft_s for r in runs]),
+        "stream_decode_tok_s_median": median_of([r.decode_tok_s for r in runs]),
+        "usage_extra": [r.usage_extra for r in runs],
+    }
+
+
+def _extras_summary(extras: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians of the numeric extension fields; value counts of the others."""
+    numbers: dict[str, list[float]] = {}
+    others: dict[str, dict[str, int]] = {}
+    for extra in extras:
+        for key, value in extra.items():
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                counts = others.setdefault(key, {})
+                counts[str(value)] = counts.get(str(value), 0) + 1
+            else:
+                numbers.setdefault(key, []).append(float(value))
+    out: dict[str, Any] = {k: round(statistics.median(v), 4) for k, v in numbers.items()}
+    out.update({k: v for k, v in others.items()})
+    return out
+
+
+def _side_summary(reps: list[dict[str, Any]]) -> dict[str, Any]:
+    def med(key: str) -> float:
+        return median_of([r[key] for r in reps])
+
+    return {
+        "aggregate_tok_s": round(med("aggregate_tok_s"), 3),
+        "stream_decode_tok_s_median": round(med("stream_decode_tok_s_median"), 3),
+        "ttft_median_s": round(med("ttft_median_s"), 6),
+        "completion_tokens": int(med("completion_tokens")),
+        "prompt_tokens_median": int(med("prompt_tokens_median")),
+        "cached_tokens_max": max(r["cached_tokens_max"] for r in reps),
+        "usage_extra": _extras_summary([e for r in reps for e in r["usage_extra"]]),
+        "runs": [{k: v for k, v in r.items() if k != "usage_extra"} for r in reps],
+    }
+
+
+async def _compare(
+    target: client.HttpTarget,
+    settings: BenchSettings,
+    compare: CompareSettings,
+    make_messages: Callable[[int], list[workloads.Message]],
+) -> list[dict[str, Any]]:
+    bodies: dict[str, dict[str, Any] | None] = {"on": None, "off": compare.off_body}
+    levels = settings.concurrency
+    reps: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    async with client.http_client(max(levels) * 2) as http:
+        for side in SIDES:  # warm-up: both paths compiled, the draft model touched
+            await _batch(http, target, [workloads.writing_messages(0)], 8, bodies[side])
+        for r in range(settings.repeats):
+            for n in levels if r % 2 == 0 else tuple(reversed(levels)):
+                order = SIDES if (r + levels.index(n)) % 2 == 0 else tuple(reversed(SIDES))
+                for side in order:
+                    prompts = [make_messages(i) for i in range(n)]
+                    rep = await _batch(http, target, prompts, settings.max_tokens, bodies[side])
+                    log.info(
+                        "concurrency %d, %s, run %d/%d: TTFT %.3f s, %.1f tok/s per stream, "
+                        "%.1f tok/s aggregate",
+                        n,
+                        side,
+                        r + 1,
+                        settings.repeats,
+                        rep["ttft_median_s"],
+                        rep["stream_decode_tok_s_median"],
+                        rep["aggregate_tok_s"],
+                    )
+                    reps.setdefault((n, side), []).append(rep)
+    rows = []
+    for n in levels:
+        on, off = _side_summary(reps[(n, "on")]), _side_summary(reps[(n, "off")])
+        rows.append(
+            {
+                "concurrency": n,
+                "on": on,
+                "off": off,
+                "ratios": {
+                    "decode_on_vs_off": _round(
+                        ratio(on["stream_decode_tok_s_median"], off["stream_decode_tok_s_median"])
+                    ),
+                    "aggregate_on_vs_off": _round(
+                        ratio(on["aggregate_tok_s"], off["aggregate_tok_s"])
+                    ),
+                    "ttft_off_vs_on": _round(ratio(off["ttft_median_s"], on["ttft_median_s"])),
+                },
+            }
+        )
+    return rows
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def run_compare(settings: BenchSettings, compare: CompareSettings) -> dict[str, Any]:
+    """Start the server with ``settings.serve_args`` and measure the feature on vs off."""
+    from mlxcore.cli.runtime import resolve_model_path
+
+    started = time.perf_counter()
+    load_start = report.load_average()
+    seed = settings.seed if settings.seed is not None else secrets.randbits(32)
+    rng = random.Random(seed)
+    source, resolved = resolve_model_path(settings.model)
+    count_tokens: Callable[[str], int] | None = None
+    if compare.prompt_tokens is not None:
+        from mlx_lm.utils import load_tokenizer
+
+        tokenizer = load_tokenizer(resolved.path)
+
+        def count_tokens(text: str) -> int:
+            return len(tokenizer.encode(text, add_special_tokens=False))
+
+    make_messages = _messages_factory(compare, count_tokens, rng)
+    server_level = settings.log_level if settings.log_level in ("debug", "trace") else "warning"
+    with ServerProcess(
+        str(resolved.path),
+        settings.serve_args,
+        host=settings.host,
+        port=settings.port,
+        log_level=server_level,
+    ) as server:
+        server.start(settings.startup_timeout)
+        target = server.target()
+        try:
+            rows = asyncio.run(_compare(target, settings, compare, make_messages))
+        except (httpx.HTTPError, MlxcoreError, ValueError, KeyError) as exc:
+            raise server.failure("the on/off comparison", exc) from exc
+        openblas = server.openblas
+    return {
+        "machine": report.machine_facts(openblas, load_start),
+        "model": {"source": source, "path": str(resolved.path)},
+        "settings": {
+            "off_body": compare.off_body,
+            "prompt_tokens": compare.prompt_tokens,
+            "max_tokens": settings.max_tokens,
+            "repeats": settings.repeats,
+            "concurrency": list(settings.concurrency),
+            "serve_args": list(settings.serve_args),
+            "seed": seed,
+        },
+        "compare": rows,
+        "elapsed_s": round(time.perf_counter() - started, 2),
+    }
+
+
+def format_compare(result: dict[str, Any]) -> str:
+    """The human-readable table of a comparison."""
+    m, s = result["machine"], result["settings"]
+    lines = [
+        f"mlxcore bench --compare-body {json.dumps(s['off_body'])}",
+        f"model {result['model']['path']}; serve args: {' '.join(s['serve_args']) or '-'}",
+        f"machine: {m['cpu_count']} CPUs, {m['platform']}, mlx {m['mlx']}, OpenBLAS "
+        f"{m['server_openblas_preloaded']}, load {m['load_average_start']} -> "
+        f"{m['load_average_end']}",
+        f"{s['repeats']} runs per side and level (median), {s['max_tokens']} tokens per request"
+        + (f", cold prompts of ~{s['prompt_tokens']} tokens" if s["prompt_tokens"] else ""),
+        "",
+    ]
+    head = f"{'conc':>4}  {'side':<4} {'TTFT ms':>9} {'tok/s/stream':>13} {'aggregate':>10}  extras"
+    lines.append(head)
+    for row in result["compare"]:
+        for side in SIDES:
+            part = row[side]
+            extras = ", ".join(f"{k}={v}" for k, v in part["usage_extra"].items())
+            lines.append(
+                f"{row['concurrency']:>4}  {side:<4} {part['ttft_median_s'] * 1000:>9.0f} "
+                f"{part['stream_decode_tok_s_median']:>13.2f} {part['aggregate_tok_s']:>10.2f}"
+                f"  {extras}".rstrip()
+            )
+        r = row["ratios"]
+        lines.append(
+            f"{'':>4}  on/off: decode {_x(r['decode_on_vs_off'])}, aggregate "
+            f"{_x(r['aggregate_on_vs_off'])}; TTFT off/on {_x(r['ttft_off_vs_on'])}"
+        )
+    return "\n".join(lines)
+
+
+def _x(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}x"
+
+
+def main_compare(args: argparse.Namespace) -> int:
+    """Run the comparison from ``mlxcore bench``'s arguments; print the table or JSON."""
+    settings = settings_from_args(args)
+    if args.prompt_tokens is not None and args.prompt_tokens <= 0:
+        raise MlxcoreError("--prompt-tokens must be a positive number of tokens")
+    result = run_compare(settings, CompareSettings(args.compare_body, args.prompt_tokens))
+    text = json.dumps(result, indent=2)
+    if settings.output is not None:
+        settings.output.write_text(text + "\n")
+        log.info("wrote %s", settings.output)
+    print(text if settings.json else format_compare(result))
+    sys.stdout.flush()
+    return 0
