@@ -590,3 +590,18 @@ def assert_error_5xx(r: httpx.Response) -> dict[str, Any]:
     body = r.json()
     assert list(body) == ["error"] and set(body["error"]) == {"message", "type", "param", "code"}
     return dict(body["error"])
+
+
+def test_more_choices_than_the_queue_holds_is_400(small_server: Server) -> None:
+    url = f"{small_server.base_url}{CHAT}"
+    r = httpx.post(url, json=chat_body(max_tokens=2, n=3), timeout=60)
+    err = assert_error(r, 400)
+    assert err["param"] == "n" and "--max-queue-size" in err["message"]
+    # n within the queue still works on the same server
+    ok = httpx.post(url, json=chat_body(max_tokens=2, n=2), timeout=60)
+    assert ok.status_code == 200 and len(ok.json()["choices"]) == 2
+
+
+def test_head_health_is_200_without_a_body(small_server: Server) -> None:
+    r = httpx.head(f"{small_server.base_url}/health", timeout=30)
+    assert r.status_code == 200 and r.content == b""

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from litestar import Litestar, Request, Response, get
+from litestar import Litestar, Request, Response, get, head
 from litestar.config.cors import CORSConfig
 from litestar.handlers import HTTPRouteHandler
 
@@ -42,6 +42,11 @@ async def health(request: Request[Any, Any, Any]) -> dict[str, Any]:
         "running": int(stats["requests_running"]),
         "waiting": int(stats["requests_waiting"]),
     }
+
+
+@head("/health")
+async def health_head() -> None:
+    """``HEAD /health`` for load balancers and uptime probes: 200, no body."""
 
 
 @get("/metrics", media_type="text/plain; version=0.0.4")
@@ -90,7 +95,7 @@ def create_app(runtime: Runtime, hooks: PluginHooks) -> Litestar:
     """Build the app around a runtime (the engine is started and stopped with the app)."""
     config = runtime.config
     service = GenerationService(runtime, Metrics(lambda: engine_gauges(runtime.engine)))
-    handlers = [health, metrics, *hooks.routes(config)]
+    handlers = [health, health_head, metrics, *hooks.routes(config)]
     _check_unique_paths(handlers)
 
     @asynccontextmanager

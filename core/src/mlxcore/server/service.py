@@ -136,7 +136,19 @@ class GenerationService:
         return self._deltas(gen, handle, events)
 
     def start_all(self, gens: Sequence[Generation]) -> list[AsyncIterator[OutputDelta]]:
-        """Start several generations (``n`` choices); if one cannot start, cancel the rest."""
+        """Start several generations (``n`` choices); if one cannot start, cancel the rest.
+
+        More choices than the waiting queue can ever hold is the client's error (400), not
+        an overload to retry (503).
+        """
+        limit = self.config.max_queue_size
+        if len(gens) > limit:
+            raise APIError(
+                400,
+                f"n={len(gens)} is more choices than this server queues at once ({limit}, "
+                "--max-queue-size)",
+                param="n",
+            )
         try:
             return [self.start(g) for g in gens]
         except BaseException:
