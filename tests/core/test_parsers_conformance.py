@@ -316,6 +316,20 @@ class TestHermesConformance(ParserConformance):
             calls=[("other", {})],
         ),
         Case(
+            "closing-marker-inside-a-json-string",
+            '<tool_call>\n{"name": "search", "arguments": {"query": "a </tool_call> b"}}\n'
+            "</tool_call>\nDone.",
+            content="Done.",
+            calls=[("search", {"query": "a </tool_call> b"})],
+        ),
+        Case(
+            "unterminated-string-then-a-good-call",
+            '<tool_call>{"name": "search", "arguments": {"query": "a}}</tool_call>\n'
+            '<tool_call>{"name": "search", "arguments": {"query": "z"}}</tool_call>',
+            content='<tool_call>{"name": "search", "arguments": {"query": "a}}</tool_call>',
+            calls=[("search", {"query": "z"})],
+        ),
+        Case(
             "broken-json-returned-as-content",
             'A\n<tool_call>\n{"name": "search", "arguments": {"query": }\n</tool_call>\nB',
             content='A\n<tool_call>\n{"name": "search", "arguments": {"query": }\n</tool_call>\nB',

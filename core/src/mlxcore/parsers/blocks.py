@@ -23,7 +23,7 @@ from typing import Literal
 import attrs
 
 from mlxcore.parsers.base import ToolCall
-from mlxcore.parsers.streaming import TailFinder
+from mlxcore.parsers.streaming import BracketScanner, TailFinder
 
 Decoder = Callable[[str, bool], "list[ToolCall] | None"]
 """Decodes a block's text into tool calls, ``None`` when malformed. The flag is
@@ -135,6 +135,52 @@ class TagBlock(Block):
             return Verdict("raw", start + again, reason="malformed, followed by a new block")
         why = "malformed" if found >= 0 else "truncated (no closing marker)"
         return Verdict("raw", end, reason=why)
+
+
+class JsonTagBlock(TagBlock):
+    """A :class:`TagBlock` whose body may be JSON: a closer inside a JSON string is text.
+
+    ``{"arguments": {"code": "print('</tool_call>')"}}`` must not end the block at the
+    marker inside the string. When the body starts with ``{`` or ``[``, the closer counts
+    only after that JSON value has closed; a body that is not JSON (XML, say) behaves as
+    in :class:`TagBlock`. If the value never closes (a string left open by a broken
+    call), the end of the output decides from the first closer, as a plain
+    :class:`TagBlock` would, so the text after it is still scanned for calls.
+    """
+
+    def __init__(
+        self, opener: str, closer: str, decode: Decoder, *, accept_unclosed: bool = True
+    ) -> None:
+        super().__init__(opener, closer, decode, accept_unclosed=accept_unclosed)
+        self._scanner = BracketScanner()
+        self._seen = 0  # characters of the block text given to the scanner or ``_after``
+        self._first = -1  # the first closer anywhere in the block
+        self._value_end = -1  # where the body's first JSON value closed
+        self._after: TailFinder | None = None  # finds the closer after that value
+
+    def advance(self, new: str, final: bool) -> Verdict:
+        """Feed the scanner (while inside the JSON value), then look for the closer."""
+        found = self._text.add(new)
+        if self._first < 0:
+            self._first = found
+        start, self._seen = self._seen, self._seen + len(new)
+        if self._after is None:
+            if not self._scanner.failed:
+                skip = max(0, len(self.opener) - start)  # the opener itself is not body
+                end = self._scanner.add(new[skip:])
+                if end >= 0:
+                    self._value_end = len(self.opener) + end
+                    self._after = TailFinder(self.closer or "")
+                    return self._closer_after(self.text()[self._value_end :], final)
+            if self._scanner.failed:  # not JSON: the first closer ends the block
+                return self.decide(self._first, final)
+            return self.decide(self._first, True) if final else PENDING
+        return self._closer_after(new, final)
+
+    def _closer_after(self, text: str, final: bool) -> Verdict:
+        assert self._after is not None
+        found = self._after.add(text)
+        return self.decide(found + self._value_end if found >= 0 else -1, final)
 
 
 class DropBlock(Block):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from mlxcore.model_info import ModelInfo
 from mlxcore.parsers.base import ToolCall
-from mlxcore.parsers.blocks import Block, DropBlock, NamedBlock, TagBlock
+from mlxcore.parsers.blocks import Block, DropBlock, JsonTagBlock, NamedBlock
 from mlxcore.parsers.degraded import DEGRADED_MARKERS, degraded_block
 from mlxcore.parsers.hermes import decode_json_calls
 from mlxcore.parsers.qwen_xml import FUNCTION, FUNCTION_END, decode_xml_functions
@@ -35,7 +35,7 @@ class ToolCallTagParser(StreamingToolParser):
     def open_block(self, marker: str) -> Block | None:
         """A block for each ``<tool_call>``, unwrapped ``<function=`` or degraded form."""
         if marker == TOOL_CALL:
-            return TagBlock(marker, TOOL_CALL_END, self.decode_body)
+            return JsonTagBlock(marker, TOOL_CALL_END, self.decode_body)
         if marker == TOOL_CALL_END:
             return DropBlock(marker)
         if marker == FUNCTION:
