@@ -17,7 +17,7 @@ import pluggy
 from mlxcore.config import ServerConfig
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.strategies import CacheStrategy, Decoder, LogitsProcessor, PrefillStrategy
-from mlxcore.errors import PluginError, UsageError
+from mlxcore.errors import MlxcoreError, PluginError, UsageError
 from mlxcore.model_info import ModelInfo
 from mlxcore.parsers.base import ReasoningParser, ToolParser
 from mlxcore.registry import Registry
@@ -108,6 +108,25 @@ class PluginHooks:
         return [r for _, items in self._call_each("mlxcore_routes", config=config) for r in items]
 
     # -- model load --------------------------------------------------------
+
+    def load_model(self, model: Any, config: ServerConfig) -> Any:
+        """The first ``mlxcore_load_model`` result (a ``LoadedModel``), or ``None``;
+        plugins after the first that loads are not asked."""
+        caller: pluggy.HookCaller = self.pm.hook.mlxcore_load_model
+        args = {"model": model, "config": config}
+        for impl in reversed(caller.get_hookimpls()):
+            try:
+                loaded = impl.function(**{name: args[name] for name in impl.argnames})
+            except MlxcoreError:  # ModelLoadError, UsageError, ...: already clear
+                raise
+            except Exception as exc:
+                raise PluginError(
+                    impl.plugin_name, f"{type(exc).__name__}: {exc}", hook="mlxcore_load_model"
+                ) from exc
+            if loaded is not None:
+                log.info("plugin %s loaded the model", impl.plugin_name)
+                return loaded
+        return None
 
     def patch_model(self, model: Any, info: ModelInfo, config: ServerConfig) -> None:
         """``mlxcore_patch_model`` on every plugin."""

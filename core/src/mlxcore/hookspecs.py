@@ -40,6 +40,8 @@ if TYPE_CHECKING:
         PrefillStrategy,
     )
     from mlxcore.model_info import ModelInfo
+    from mlxcore.models.loader import LoadedModel
+    from mlxcore.models.resolve import ResolvedModel
     from mlxcore.parsers.base import ReasoningParser, ToolParser
 
 
@@ -103,6 +105,26 @@ def mlxcore_configure(config: ServerConfig) -> None:
         def mlxcore_configure(config):
             if config.option("specprefill_keep", 0.2) <= 0:
                 raise UsageError("--specprefill-keep must be > 0")
+    """
+
+
+@hookspec
+def mlxcore_load_model(model: ResolvedModel, config: ServerConfig) -> LoadedModel | None:
+    """Load the model yourself (a checkpoint mlx-lm alone cannot serve), or ``None`` to pass.
+
+    When: once, at start-up, before ``mlxcore_patch_model``; the first plugin that
+    returns a :class:`~mlxcore.models.loader.LoadedModel` wins, otherwise mlx-lm loads
+    the folder. The returned ``model`` is what the engine and strategies call (the
+    ``mlx_lm`` model interface: ``model(tokens, cache=...)`` -> logits); set ``media``
+    to a :class:`mlxcore.media.MediaHandler` when requests may carry images or video.
+
+    Example::
+
+        @hookimpl
+        def mlxcore_load_model(model, config):
+            if "vision_config" in read_config(model.path):
+                return load_vision_language_model(model, config)
+            return None
     """
 
 

@@ -43,6 +43,7 @@ class PlainDecoder(Decoder):
     """
 
     name = "plain"
+    supports_position_offset = True
 
     def __init__(self, model: Any) -> None:
         self.model = model
@@ -90,6 +91,14 @@ class PlainDecoder(Decoder):
         joining, self._joining = self._joining, []
         first_cache = joining[0].cache
         new = [layer.merge([s.cache[i] for s in joining]) for i, layer in enumerate(first_cache)]
+        shifts = [s.position_offset for s in joining]
+        if any(shifts):
+            # Batch KV caches keep one rotary offset per row, apart from the storage index:
+            # shifting it places an M-RoPE sequence's next token at its true position.
+            shift = mx.array(shifts)
+            for layer in new:
+                if isinstance(getattr(layer, "offset", None), mx.array):
+                    layer.offset = layer.offset + shift
         if self.cache:
             for mine, theirs in zip(self.cache, new, strict=True):
                 mine.extend(theirs)

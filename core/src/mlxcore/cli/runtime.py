@@ -38,6 +38,8 @@ class Runtime:
     parsers: Parsers
     hidden_ids: frozenset[int]
     """Tokens never shown as text: EOS and the parsers' control markup."""
+    media: Any = None
+    """The model's :class:`mlxcore.media.MediaHandler`, ``None`` for text-only models."""
 
     def pipeline(
         self,
@@ -106,7 +108,7 @@ def build_runtime(config: ServerConfig, hooks: PluginHooks) -> Runtime:
     from mlxcore.models.loader import load_model
 
     _, resolved = resolve_model_path(config.model)
-    loaded = load_model(resolved)
+    loaded = hooks.load_model(resolved, config) or load_model(resolved)
     hooks.patch_model(loaded.model, loaded.info, config)
     info = loaded.info
     if info.chat_template:
@@ -120,5 +122,13 @@ def build_runtime(config: ServerConfig, hooks: PluginHooks) -> Runtime:
     engine = Engine(loaded.model, loaded.info, hooks, config)
     hidden = loaded.info.eos_token_ids | parsers.control_ids(loaded.info.vocab)
     return Runtime(
-        loaded.model, loaded.tokenizer, loaded.info, engine, hooks, config, parsers, hidden
+        loaded.model,
+        loaded.tokenizer,
+        loaded.info,
+        engine,
+        hooks,
+        config,
+        parsers,
+        hidden,
+        media=loaded.media,
     )

@@ -249,7 +249,9 @@ class Engine:
                 req, self.info
             )
             live.stop_ids = self.info.eos_token_ids | req.stop_token_ids
-            lookup = self.cache.lookup(req.prompt_tokens)
+            if req.cache_key is not None and len(req.cache_key) != len(req.prompt_tokens):
+                raise ValueError("cache_key must be as long as the prompt")
+            lookup = self.cache.lookup(req.cache_tokens)
             usage.cached_tokens = lookup.cached_tokens
             live.task = PrefillTask(req, lookup.cache, lookup.cached_tokens)
             live.task.snapshot = self._snapshotter(live.task)
@@ -264,7 +266,7 @@ class Engine:
 
         def snapshot(n: int) -> None:
             try:
-                self.cache.store(task.request.prompt_tokens[:n], copy.deepcopy(task.cache))
+                self.cache.store(task.request.cache_tokens[:n], copy.deepcopy(task.cache))
             except Exception:
                 log.exception("cache strategy %s failed to store a snapshot", self.cache.name)
 
@@ -289,6 +291,15 @@ class Engine:
         self._prefilling.popleft()
         live.reusable = result.reusable
         live.usage.extra.update(result.usage)
+        if result.position_offset and not self.decoder.supports_position_offset:
+            self._fail(
+                live,
+                MlxcoreError(
+                    f"decoder {self.decoder.name!r} cannot continue a sequence with a "
+                    "position offset (a media request on an M-RoPE model)"
+                ),
+            )
+            return
         prompt = list(live.request.prompt_tokens)
         try:
             first = self._sample_first(live, result.logits, prompt)
@@ -303,6 +314,7 @@ class Engine:
             next_token=first.token,
             sampler=live.sampler,
             logits_processors=[_guard(live, p) for p in live.processors],
+            position_offset=result.position_offset,
         )
         live.task = None
         live.prefill = None
@@ -374,8 +386,10 @@ class Engine:
     def _retire(self, live: _Live, own: SequenceCache | None) -> None:
         """Finish ``live``; offer its cache for prefix reuse."""
         if own is not None and live.seq is not None and live.reusable and own.length > 0:
+            prompt = live.request.cache_tokens
+            tokens = [*prompt, *live.seq.tokens[len(prompt) :]]
             try:
-                self.cache.store(live.seq.tokens[: own.length], own.cache)
+                self.cache.store(tokens[: own.length], own.cache)
             except Exception:
                 log.exception("cache strategy %s failed to store a prefix", self.cache.name)
         self._finish(live, live.handle.cancel_reason or "stop")

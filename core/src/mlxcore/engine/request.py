@@ -52,6 +52,13 @@ class GenerationRequest:
             reuse (the end of the conversation history, before the generation
             prompt): the next turn starts with exactly those tokens, which is what
             hybrid models, whose recurrent state cannot be rewound, need.
+        media: the prompt's images or videos, already prepared by the loaded model's
+            media handler (:class:`mlxcore.media.MediaHandler`); ``None`` for text-only
+            requests. Opaque to the core: the prefill strategy that handles media reads it.
+        cache_key: what the prefix cache sees instead of ``prompt_tokens`` (same length),
+            when equal token ids do not mean equal state: a media prompt's placeholder
+            tokens are the same for every image, so the media plugin replaces them with
+            ids derived from the media's hash. ``None``: the prompt tokens themselves.
     """
 
     prompt_tokens: tuple[int, ...]
@@ -61,3 +68,10 @@ class GenerationRequest:
     options: dict[str, Any] = attrs.field(factory=dict)
     request_id: str = ""
     checkpoints: tuple[int, ...] = ()
+    media: Any = None
+    cache_key: tuple[int, ...] | None = None
+
+    @property
+    def cache_tokens(self) -> tuple[int, ...]:
+        """The prompt as the prefix cache keys it (:attr:`cache_key` or the prompt)."""
+        return self.prompt_tokens if self.cache_key is None else self.cache_key

@@ -138,11 +138,17 @@ class PrefillResult:
         reusable: ``False`` when the cache must never be stored as a reusable prefix
             (for example when only a subset of the prompt's positions was filled).
         usage: extension fields for the response's ``usage`` (e.g. kept tokens).
+        position_offset: how far the rotary position of the next token is from its
+            index in the cache (0 for text). Multimodal RoPE (Qwen-VL's M-RoPE) gives an
+            image fewer distinct positions than tokens, so decoding continues at
+            ``cache length + position_offset``; a decoder without
+            ``supports_position_offset`` refuses such sequences.
     """
 
     logits: Any
     reusable: bool = True
     usage: dict[str, Any] = attrs.field(factory=dict)
+    position_offset: int = 0
 
 
 PrefillGenerator = Generator[int, None, PrefillResult]
@@ -197,6 +203,8 @@ class DecodeSequence:
         logits_processors: applied to the logits before sampling, in order.
         usage: per-request extension fields the decoder reports (e.g. a speculative
             decoder's acceptance rate); merged into the response's ``usage``.
+        position_offset: rotary position of the next token minus its cache index
+            (see :attr:`PrefillResult.position_offset`); 0 for text.
     """
 
     uid: int
@@ -207,6 +215,7 @@ class DecodeSequence:
     sampler: Sampler
     logits_processors: list[LogitsProcessor] = attrs.field(factory=list)
     usage: dict[str, Any] = attrs.field(factory=dict)
+    position_offset: int = 0
 
 
 @attrs.define
@@ -234,6 +243,9 @@ class Decoder(abc.ABC):
     """
 
     name: ClassVar[str]
+    supports_position_offset: ClassVar[bool] = False
+    """True when the decoder honours :attr:`DecodeSequence.position_offset` (needed
+    by media requests on M-RoPE models); the engine fails such a request otherwise."""
 
     @abc.abstractmethod
     def add(self, seq: DecodeSequence) -> None:

@@ -35,11 +35,14 @@ class LoadedModel:
         model: the mlx-lm model (an ``mlx.nn.Module``).
         tokenizer: mlx-lm's ``TokenizerWrapper``.
         info: what the core knows about the model.
+        media: a :class:`mlxcore.media.MediaHandler` when the model reads images or
+            video (set by the plugin that loaded it); ``None`` for text-only models.
     """
 
     model: Any
     tokenizer: Any
     info: ModelInfo
+    media: Any = None
 
 
 def check_model_folder(path: Path, *, check_memory: bool = True) -> dict[str, Any]:
@@ -241,19 +244,27 @@ def load_model(
         raise
     except Exception as exc:  # mlx-lm raises ValueError, RuntimeError, OSError, KeyError, ...
         raise ModelLoadError(f"cannot load model {path}: {type(exc).__name__}: {exc}") from exc
-    info = ModelInfo(
+    info = describe_model(path, config, tokenizer, source=resolved.source)
+    logger.info("loaded %s (%s) from %s", resolved.source, info.model_type, path)
+    return LoadedModel(model=mlx_model, tokenizer=tokenizer, info=info)
+
+
+def describe_model(
+    path: Path, config: dict[str, Any], tokenizer: Any, *, source: str = ""
+) -> ModelInfo:
+    """The :class:`ModelInfo` of a loaded model folder (``tokenizer``: mlx-lm's
+    ``TokenizerWrapper``); plugins that load models themselves use it too."""
+    return ModelInfo(
         path=path,
         model_type=str(config.get("model_type", "")),
         config=config,
         chat_template=_chat_template(tokenizer),
         vocab=dict(tokenizer.get_vocab()),
         eos_token_ids=frozenset(int(i) for i in (tokenizer.eos_token_ids or ())),
-        source=resolved.source,
+        source=source,
         weight_keys=read_weight_keys(path),
         tokenizer=tokenizer,
     )
-    logger.info("loaded %s (%s) from %s", resolved.source, info.model_type, path)
-    return LoadedModel(model=mlx_model, tokenizer=tokenizer, info=info)
 
 
 def _chat_template(tokenizer: Any) -> str | None:

@@ -46,11 +46,19 @@ def build_generations(
     """Validate ``body`` and prepare one :class:`Generation` per choice (``n``);
     ``options`` are the body's extra fields, for plugins."""
     convert.check_chat_fields(body)
-    messages = convert.normalize_messages(body.messages)
+    media = svc.runtime.media
+    messages, media_parts = convert.normalize_chat(body.messages, media)
     tools = body.tools if body.tool_choice != "none" else None
     kwargs = dict(body.chat_template_kwargs or {})
     rendered = svc.chat_prompt(messages, tools, kwargs)
     prompt_text, prompt = rendered.text, rendered.ids
+    checkpoints = rendered.checkpoints()
+    plugin_options = validated_options(svc, _plugin_options(options))
+    payload = cache_key = None
+    if media_parts:  # expand the media placeholders before the prompt length counts
+        prepared = media.prepare(prompt_text, media_parts, plugin_options)
+        prompt, payload, checkpoints = prepared.ids, prepared.payload, ()
+        cache_key = None if prepared.cache_key is None else tuple(prepared.cache_key)
     top = body.top_logprobs or 0
     if top and not body.logprobs:
         raise convert.invalid("top_logprobs requires logprobs: true", "top_logprobs")
@@ -73,7 +81,7 @@ def build_generations(
         svc.runtime.parsers.reasoning is not None and kwargs.get("enable_thinking") is not False
     )
     forced_options, forced_parser = convert.constraint_options(body, thinks=thinks)
-    options = {**validated_options(svc, _plugin_options(options)), **forced_options}
+    options = {**plugin_options, **forced_options}
     gens = []
     for i in range(body.n):
         params = sampling
@@ -81,11 +89,13 @@ def build_generations(
             params = attrs.evolve(sampling, seed=(sampling.seed + i) & (2**64 - 1))
         req = GenerationRequest(
             prompt_tokens=tuple(prompt),
-            checkpoints=rendered.checkpoints(),
+            checkpoints=checkpoints,
             max_tokens=budget,
             sampling=params,
             options=options,
             request_id=new_id("chatcmpl"),
+            media=payload,
+            cache_key=cache_key,
         )
         pipe = svc.pipeline(
             stops=stops,

@@ -13,6 +13,7 @@ from typing import Any
 from mlxcore import structured
 from mlxcore.builtin.openai.schemas import ChatCompletionRequest, Message, SamplingFields
 from mlxcore.engine.request import SamplingParams
+from mlxcore.media import MediaHandler, MediaPart
 from mlxcore.parsers.base import ToolParser
 from mlxcore.server.errors import APIError, invalid
 
@@ -128,22 +129,49 @@ ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
 
 
 def _text_of(content: str | list[dict[str, Any]] | None, where: str) -> str:
+    text = _content_of(content, where, None, [])
+    assert isinstance(text, str)
+    return text
+
+
+def _content_of(
+    content: str | list[dict[str, Any]] | None,
+    where: str,
+    media: MediaHandler | None,
+    parts: list[MediaPart],
+) -> str | list[dict[str, Any]]:
+    """The message content for the template: text, or (when it holds media parts the
+    ``media`` handler accepts) a list of text parts and placeholders; the media parts
+    are appended to ``parts`` in order."""
     if content is None or isinstance(content, str):
         return content or ""
-    pieces = []
+    pieces: list[dict[str, Any]] = []
+    has_media = False
     for i, part in enumerate(content):
         kind = part.get("type")
         if kind in ("text", "input_text", "output_text"):
             text = part.get("text")
             if not isinstance(text, str):
                 raise invalid(f"content part {i} has no text", f"{where}.content[{i}].text")
-            pieces.append(text)
+            pieces.append({"type": "text", "text": text})
+        elif media is not None and kind in media.part_types:
+            parts.append(MediaPart(part, f"{where}.content[{i}]"))
+            pieces.append(media.placeholder(part))
+            has_media = True
         else:
+            what = "this model" if media is not None else "this text-only model"
             raise invalid(
-                f"content part type {kind!r} is not supported by this text-only model",
+                f"content part type {kind!r} is not supported by {what}",
                 f"{where}.content[{i}].type",
             )
-    return "\n".join(pieces) if len(pieces) > 1 else "".join(pieces)
+    if has_media:
+        return pieces
+    texts = [p["text"] for p in pieces]
+    return "\n".join(texts) if len(texts) > 1 else "".join(texts)
+
+
+def _as_parts(content: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return list(content) if isinstance(content, list) else [{"type": "text", "text": content}]
 
 
 def _tool_calls(calls: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
@@ -174,6 +202,16 @@ def normalize_messages(messages: list[Message]) -> list[dict[str, Any]]:
     into one); consecutive user (or system) messages are merged; content-part
     lists are flattened to text for text-only models.
     """
+    return normalize_chat(messages, None)[0]
+
+
+def normalize_chat(
+    messages: list[Message], media: MediaHandler | None
+) -> tuple[list[dict[str, Any]], list[MediaPart]]:
+    """:func:`normalize_messages` for a model with a media handler: user, assistant and
+    tool messages may hold the media parts ``media`` accepts; they are replaced by the
+    handler's placeholders for the template and returned in prompt order."""
+    parts: list[MediaPart] = []
     if not messages:
         raise invalid("messages must not be empty", "messages")
     system: list[str] = []
@@ -183,10 +221,16 @@ def normalize_messages(messages: list[Message]) -> list[dict[str, Any]]:
         role = "system" if msg.role == "developer" else msg.role
         if role not in ROLES:
             raise invalid(f"unknown role {msg.role!r}", f"{where}.role")
-        text = _text_of(msg.content, where)
         if role == "system":
-            system.append(text)
+            if media is not None and isinstance(msg.content, list):
+                for j, part in enumerate(msg.content):
+                    if part.get("type") in media.part_types:
+                        raise invalid(
+                            "system messages cannot contain media", f"{where}.content[{j}]"
+                        )
+            system.append(_text_of(msg.content, where))
             continue
+        text = _content_of(msg.content, where, media, parts)
         item: dict[str, Any] = {"role": "tool" if role == "function" else role, "content": text}
         if msg.name is not None:
             item["name"] = msg.name
@@ -198,12 +242,17 @@ def normalize_messages(messages: list[Message]) -> list[dict[str, Any]]:
         if thinking:
             item["reasoning_content"] = thinking
         if out and role == "user" and out[-1]["role"] == "user" and "name" not in item:
-            out[-1]["content"] += "\n\n" + text
+            before = out[-1]["content"]
+            if isinstance(before, str) and isinstance(text, str):
+                out[-1]["content"] = before + "\n\n" + text
+            else:
+                joint = {"type": "text", "text": "\n\n"}
+                out[-1]["content"] = [*_as_parts(before), joint, *_as_parts(text)]
             continue
         out.append(item)
     if system:
         out.insert(0, {"role": "system", "content": "\n\n".join(system)})
-    return out
+    return out, parts
 
 
 def check_chat_fields(body: ChatCompletionRequest) -> None:

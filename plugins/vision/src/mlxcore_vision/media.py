@@ -1,0 +1,364 @@
+"""Image content parts: fetching under the server's media policy, checking, processing.
+
+Runs on the server's preparation thread. Every problem with a part is a 400 naming it
+(``messages[0].content[1]``): undecodable base64, bytes that are not an image, an
+unsupported format, too many pixels, a URL or path the policy does not allow.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import io
+import ipaddress
+import socket
+import tempfile
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import attrs
+import mlx.core as mx
+import numpy as np
+
+from mlxcore.config import ServerConfig
+from mlxcore.media import MediaHandler, MediaPart, PreparedPrompt
+from mlxcore.server.errors import invalid
+from mlxcore_vision.video import (
+    NATIVE_VIDEO_MODEL_TYPES,
+    VIDEO_PART_TYPES,
+    check_video,
+    media_url,
+    sample_frames,
+    server_video_defaults,
+    video_sampling,
+)
+
+DEFAULT_MAX_IMAGE_PIXELS = 4096 * 4096
+MAX_MEDIA_BYTES = 32 * 1024 * 1024
+FETCH_TIMEOUT = 10.0
+
+
+@attrs.frozen
+class MediaPolicy:
+    """Where images may come from (vLLM's flag names).
+
+    Attributes:
+        allowed_domains: hosts (and their subdomains) http(s) URLs may point at; empty
+            means no remote fetching at all.
+        allowed_local_path: a folder local paths (``file://`` or plain) must be under;
+            ``None`` means no local files.
+        allow_private: fetch from private, loopback and link-local addresses too (off
+            by default: a server must not become a proxy into its own network).
+        max_image_pixels: the most pixels (width x height) one image may have.
+    """
+
+    allowed_domains: tuple[str, ...] = ()
+    allowed_local_path: Path | None = None
+    allow_private: bool = False
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+
+    @classmethod
+    def from_config(cls, config: ServerConfig) -> MediaPolicy:
+        """The policy from ``--allowed-media-domains``, ``--allowed-local-media-path``,
+        ``--allow-private-media-urls`` and ``--max-image-pixels``."""
+        domains = config.option("allowed_media_domains") or ()
+        if isinstance(domains, str):
+            domains = tuple(d for d in domains.split(",") if d)
+        local = config.option("allowed_local_media_path")
+        return cls(
+            allowed_domains=tuple(d.strip().lower().lstrip(".") for d in domains),
+            allowed_local_path=Path(local).resolve() if local else None,
+            allow_private=bool(config.option("allow_private_media_urls", False)),
+            max_image_pixels=int(config.option("max_image_pixels") or DEFAULT_MAX_IMAGE_PIXELS),
+        )
+
+
+@attrs.frozen
+class VisionPayload:
+    """What a media request carries to the prefill (numpy arrays: made off the engine
+    thread, turned into MLX arrays on it).
+
+    Attributes:
+        inputs: the processor's outputs (``input_ids``, ``attention_mask``,
+            ``pixel_values``, ``image_grid_thw`` ...).
+        media_keys: per part, in prompt order, the sha256 of its full bytes (for a video
+            with its frame sampling): the key of the vision-encoding cache.
+    """
+
+    inputs: dict[str, np.ndarray]
+    media_keys: tuple[str, ...]
+
+
+class VisionMedia(MediaHandler):
+    """The media handler of a vision-language model: images (``image_url`` /
+    ``input_image`` parts) and videos (``video_url`` / ``video`` parts).
+
+    Args:
+        model_type: the checkpoint's ``model_type``.
+        processor: mlx-vlm's processor for the checkpoint.
+        image_token_index: the config's ``image_token_index`` (passed to mlx-vlm as
+            ``mlx_vlm.generate`` does).
+        policy: where images may come from and how large they may be.
+        video_defaults: the server's video sampling (``--video-fps``,
+            ``--video-max-frames``); requests override it.
+    """
+
+    part_types: ClassVar[frozenset[str]] = frozenset(
+        {"image_url", "input_image", *VIDEO_PART_TYPES}
+    )
+
+    def __init__(
+        self,
+        model_type: str,
+        processor: Any,
+        image_token_index: Any,
+        policy: MediaPolicy,
+        video_defaults: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.model_type = model_type
+        self.processor = processor
+        self.image_token_index = image_token_index
+        self.policy = policy
+        self.video_defaults = dict(video_defaults or {})
+        self._media_ids: set[int] = set()
+
+    @classmethod
+    def from_config(cls, vlm: Any, processor: Any, config: ServerConfig) -> VisionMedia:
+        """The handler for a loaded mlx-vlm model under the server's media policy."""
+        handler = cls(
+            str(vlm.config.model_type),
+            processor,
+            getattr(vlm.config, "image_token_index", None),
+            MediaPolicy.from_config(config),
+            server_video_defaults(config),
+        )
+        for field in ("image_token_id", "video_token_id", "image_token_index"):
+            value = getattr(vlm.config, field, None)
+            if isinstance(value, int):
+                handler._media_ids.add(value)
+        return handler
+
+    @property
+    def media_token_ids(self) -> frozenset[int]:
+        """The token ids the processor expands media into (image and video pads)."""
+        return frozenset(self._media_ids)
+
+    @property
+    def native_video(self) -> bool:
+        """The family takes clips natively (Qwen-VL); others get frames as images."""
+        return self.model_type in NATIVE_VIDEO_MODEL_TYPES
+
+    def placeholder(self, part: Mapping[str, Any]) -> dict[str, Any]:
+        is_video = part.get("type") in VIDEO_PART_TYPES
+        return {"type": "video" if is_video and self.native_video else "image"}
+
+    def prepare(
+        self, prompt_text: str, parts: Sequence[MediaPart], options: Mapping[str, Any]
+    ) -> PreparedPrompt:
+        from mlx_vlm.utils import prepare_inputs, should_add_special_tokens
+
+        videos_in = [p for p in parts if p.part.get("type") in VIDEO_PART_TYPES]
+        if self.native_video and videos_in and len(videos_in) < len(parts):
+            raise invalid(
+                "images and videos in one request are not supported yet", videos_in[0].where
+            )
+        sampling = video_sampling(options, self.video_defaults)
+        images: list[Any] = []
+        videos: list[str] = []
+        keys: list[str] = []
+        units: list[str] = []  # one content key per run of media tokens, in order
+        frame_counts: list[int] = []  # images each part contributes (frames-as-images)
+        with tempfile.TemporaryDirectory(prefix="mlxcore-video-") as scratch:
+            for i, media in enumerate(parts):
+                if media.part.get("type") not in VIDEO_PART_TYPES:
+                    url = media_url(media.part, media.where, "image_url")
+                    data = self.fetch(url, media.where, "image_url")
+                    keys.append(hashlib.sha256(data).hexdigest())
+                    units.append(keys[-1])
+                    images.append(self.decode(data, media.where))
+                    frame_counts.append(1)
+                    continue
+                url = media_url(media.part, media.where, "video_url")
+                data = self.fetch(url, media.where, "video_url")
+                path = Path(scratch) / f"video-{i}"
+                path.write_bytes(data)
+                check_video(path, media.where)
+                keys.append(f"video:{hashlib.sha256(data).hexdigest()}:{sorted(sampling.items())}")
+                if self.native_video:
+                    videos.append(str(path))
+                    units.append(keys[-1])
+                else:
+                    frames = sample_frames(path, sampling, media.where)
+                    images.extend(frames)
+                    frame_counts.append(len(frames))
+                    units += [f"{keys[-1]}:frame{j}" for j in range(len(frames))]
+            if not self.native_video and videos_in:
+                prompt_text = self._repeat_markers(prompt_text, frame_counts, parts)
+            try:
+                inputs = prepare_inputs(
+                    self.processor,
+                    images=images or None,
+                    videos=videos or None,
+                    prompts=prompt_text,
+                    image_token_index=self.image_token_index,
+                    resize_shape=None,
+                    add_special_tokens=should_add_special_tokens(self.model_type, self.processor),
+                    **(sampling if videos else {}),
+                )
+            except Exception as exc:  # the processor refuses media it cannot handle
+                raise invalid(
+                    f"the model's processor could not process the media: {exc}", parts[0].where
+                ) from None
+        arrays = {k: np.array(v) for k, v in inputs.items() if isinstance(v, mx.array)}
+        ids = [int(t) for t in arrays["input_ids"][0]]
+        key = media_cache_key(ids, self.media_token_ids, units)
+        return PreparedPrompt(ids, VisionPayload(arrays, tuple(keys)), cache_key=key)
+
+    def _repeat_markers(
+        self, prompt_text: str, counts: Sequence[int], parts: Sequence[MediaPart]
+    ) -> str:
+        """Give each sampled frame its own image marker, in order: the prompt the chat
+        template renders for the frames as consecutive image parts."""
+        marker = getattr(self.processor, "boi_token", None) or self.processor.image_token
+        pieces = prompt_text.split(marker)
+        if len(pieces) != len(counts) + 1:
+            raise invalid(
+                "the chat template did not render one image marker per media part",
+                parts[0].where,
+            )
+        out = [pieces[0]]
+        for count, rest in zip(counts, pieces[1:], strict=True):
+            out.append(marker * count + rest)
+        return "".join(out)
+
+    # -- fetching and decoding ------------------------------------------------
+
+    def fetch(self, url: str, where: str, field: str = "image_url") -> bytes:
+        """The bytes ``url`` names, if the policy allows it (``field``: the part's URL
+        field, for error messages)."""
+        where = f"{where}.{field}"
+        if url.startswith("data:"):
+            return _data_uri(url, where)
+        scheme = urllib.parse.urlsplit(url).scheme.lower()
+        if scheme in ("http", "https"):
+            return self._fetch_remote(url, where)
+        if scheme == "file" or (scheme == "" and url.startswith("/")):
+            return self._read_local(url, where)
+        raise invalid(
+            f"unsupported media URL scheme {scheme!r}: use a data: URI, or http(s) / local "
+            "files where the server allows them",
+            where,
+        )
+
+    def _fetch_remote(self, url: str, where: str) -> bytes:
+        host = (urllib.parse.urlsplit(url).hostname or "").lower()
+        domains = self.policy.allowed_domains
+        if not any(host == d or host.endswith("." + d) for d in domains):
+            raise invalid(
+                f"media URL host {host!r} is not allowed (--allowed-media-domains)",
+                where,
+            )
+        if not self.policy.allow_private:
+            for addr in _addresses(host, where):
+                if not addr.is_global:
+                    raise invalid(
+                        f"media URL host {host!r} resolves to a non-public address",
+                        where,
+                    )
+        try:
+            with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT) as resp:
+                data: bytes = resp.read(MAX_MEDIA_BYTES + 1)
+        except Exception as exc:
+            raise invalid(f"could not fetch the media: {exc}", where) from None
+        if len(data) > MAX_MEDIA_BYTES:
+            raise invalid("the media file is larger than 32 MiB", where)
+        return data
+
+    def _read_local(self, url: str, where: str) -> bytes:
+        root = self.policy.allowed_local_path
+        raw = urllib.parse.unquote(urllib.parse.urlsplit(url).path) if "://" in url else url
+        if root is None:
+            raise invalid(
+                "local image paths are not allowed (--allowed-local-media-path)",
+                where,
+            )
+        path = Path(raw).resolve()
+        if not path.is_relative_to(root):
+            raise invalid("the media path is outside --allowed-local-media-path", where)
+        try:
+            if path.stat().st_size > MAX_MEDIA_BYTES:
+                raise invalid("the media file is larger than 32 MiB", where)
+            return path.read_bytes()
+        except OSError as exc:
+            raise invalid(f"cannot read the media file: {exc.strerror}", where) from None
+
+    def decode(self, data: bytes, where: str) -> Any:
+        """``data`` as an RGB PIL image, after the pixel-count check."""
+        from PIL import Image, UnidentifiedImageError
+
+        try:
+            image = Image.open(io.BytesIO(data))
+        except UnidentifiedImageError:
+            raise invalid("the data is not an image in a supported format", where) from None
+        except Exception as exc:
+            raise invalid(f"the image cannot be read: {exc}", where) from None
+        width, height = image.size
+        if width * height > self.policy.max_image_pixels:
+            raise invalid(
+                f"the image has {width}x{height} pixels, more than the "
+                f"{self.policy.max_image_pixels} allowed (--max-image-pixels)",
+                where,
+            )
+        try:
+            return image.convert("RGB")
+        except Exception as exc:
+            raise invalid(f"the image cannot be decoded: {exc}", where) from None
+
+
+def _data_uri(url: str, where: str) -> bytes:
+    header, sep, body = url.partition(",")
+    if not sep:
+        raise invalid("a data: URI needs a comma before its data", where)
+    if not header.endswith(";base64"):
+        raise invalid("only base64 data: URIs are supported", where)
+    try:
+        data = base64.b64decode(body, validate=True)
+    except (binascii.Error, ValueError):
+        raise invalid("the data: URI is not valid base64", where) from None
+    if not data:
+        raise invalid("the data: URI is empty", where)
+    return data
+
+
+def _addresses(host: str, where: str) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        raise invalid(f"cannot resolve media URL host {host!r}", where) from None
+    return [ipaddress.ip_address(info[4][0]) for info in infos]
+
+
+def media_cache_key(
+    ids: Sequence[int], media_ids: frozenset[int], units: Sequence[str]
+) -> list[int]:
+    """``ids`` with each run of media tokens replaced by a negative id derived from the
+    content of the medium it stands for (``units``, one per run, in order), so the prefix
+    cache reuses a prefix only when the same media sit at the same places. When the runs
+    cannot be matched to the media one to one, every run gets a key of all the media."""
+    runs: list[tuple[int, int]] = []
+    for i, token in enumerate(ids):
+        if token in media_ids:
+            if runs and runs[-1][1] == i:
+                runs[-1] = (runs[-1][0], i + 1)
+            else:
+                runs.append((i, i + 1))
+    labels = list(units) if len(units) == len(runs) else ["|".join(units)] * len(runs)
+    key = list(ids)
+    for n, ((start, end), label) in enumerate(zip(runs, labels, strict=True)):
+        digest = hashlib.sha256(f"{n}:{label}".encode()).hexdigest()
+        key[start:end] = [-(1 + int(digest[:15], 16))] * (end - start)
+    return key

@@ -1,0 +1,192 @@
+"""Prefill for a vision-language model: media requests through the vision model, text
+requests through the text view (chunked, with prefix reuse).
+
+A media request's prefill follows ``mlx_vlm.generate`` step for step (same embedding
+call, same chunking, same explicit M-RoPE positions), so its greedy output is
+token-identical to mlx-vlm's. It then returns the M-RoPE shift of the prompt as
+``position_offset``: the decoder places the sequence's next tokens at
+``cache length + shift`` and it decodes in the shared batch like any text sequence.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import trim_prompt_cache
+
+from mlxcore.builtin.strategies import ChunkedPrefill
+from mlxcore.engine.strategies import PrefillGenerator, PrefillResult, PrefillStrategy, PrefillTask
+from mlxcore_vision.loader import VisionLanguageText
+from mlxcore_vision.media import VisionPayload
+
+log = logging.getLogger("mlxcore.plugins.vision")
+
+_NOT_SEQUENCE_INPUTS = ("input_ids", "pixel_values", "attention_mask")
+
+
+class VisionEncodingCache:
+    """Vision-encoder outputs of recent requests, keyed by the hashes of their images'
+    full bytes (in order). LRU, bounded in entries."""
+
+    def __init__(self, max_entries: int = 32) -> None:
+        self.max_entries = max_entries
+        self._entries: collections.OrderedDict[tuple[str, ...], Any] = collections.OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: tuple[str, ...]) -> Any:
+        """The cached features for ``key`` or ``None`` (counts a hit or a miss)."""
+        found = self._entries.get(key)
+        if found is None:
+            self.misses += 1
+            return None
+        self._entries.move_to_end(key)
+        self.hits += 1
+        return found
+
+    def put(self, key: tuple[str, ...], features: Any) -> None:
+        """Keep ``features`` for ``key`` (evicting the least recently used)."""
+        if self.max_entries <= 0:
+            return
+        self._entries[key] = features
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+class VisionPrefill(PrefillStrategy):
+    """Routes each request: with media through the vision-language model, without
+    through ``text`` (the chunked prefill of the text view).
+
+    Args:
+        model: the engine's model, the text view of the vision-language model.
+        step_size: prefill chunk size (``--prefill-step-size``), for both paths.
+        encoding_cache_size: how many image sets' vision encodings to keep.
+    """
+
+    name = "vision"
+
+    def __init__(
+        self, model: VisionLanguageText, step_size: int = 2048, encoding_cache_size: int = 32
+    ) -> None:
+        self.model = model
+        self.vlm = model.vlm
+        self.step_size = step_size
+        self.text = ChunkedPrefill(model, step_size)
+        self.encodings = VisionEncodingCache(encoding_cache_size)
+        self.requests = {"text": 0, "vision": 0}
+        self.vision_tokens = 0
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "vision_requests_text_path": self.requests["text"],
+            "vision_requests_vision_path": self.requests["vision"],
+            "vision_encoder_runs": self.encodings.misses,
+            "vision_encoder_cache_hits": self.encodings.hits,
+            "vision_encoder_cache_entries": len(self.encodings),
+            "vision_prompt_tokens": self.vision_tokens,
+        }
+
+    def prefill(self, task: PrefillTask) -> PrefillGenerator:
+        payload = task.request.media
+        rid = task.request.request_id
+        if payload is None:
+            self.requests["text"] += 1
+            log.info("request %s: text path (language model only)", rid)
+            return (yield from self.text.prefill(task))
+        if not isinstance(payload, VisionPayload):
+            raise TypeError(f"request {rid}: unexpected media payload {type(payload).__name__}")
+        self.requests["vision"] += 1
+        return (yield from self._prefill_media(task, payload))
+
+    def _prefill_media(self, task: PrefillTask, payload: VisionPayload) -> PrefillGenerator:
+        start = task.start
+        if start and task.request.cache_key is None:
+            # Unkeyed placeholder tokens are the same for every image: a cached prefix may
+            # hold another image's state, so such prompts are prefilled from the start.
+            trim_prompt_cache(task.cache, start)
+            start = 0
+        arrays = {k: mx.array(v) for k, v in payload.inputs.items()}
+        input_ids = arrays["input_ids"]
+        pixel_values = arrays.get("pixel_values")
+        mask = arrays.get("attention_mask")
+        extra = {k: v for k, v in arrays.items() if k not in _NOT_SEQUENCE_INPUTS}
+        key = payload.media_keys
+        cached = self.encodings.get(key) if key else None
+        reused = cached is not None
+        if cached is None and key:
+            cached = self._encode(pixel_values, extra)
+            mx.eval(cached)
+            self.encodings.put(key, cached)
+            yield start  # let the running batch take a decode step after the encoder
+        log.info(
+            "request %s: vision path (%d media parts, encoder %s)",
+            task.request.request_id,
+            len(key),
+            "skipped: same media seen before" if reused else "ran",
+        )
+        lm = self.vlm.language_model
+        embedded = self.vlm.get_input_embeddings(
+            input_ids, pixel_values, mask=mask, cached_image_features=cached, **extra
+        )
+        # The cache holds the first ``start`` positions (a prefix keyed by the same media):
+        # continue after them; the full prompt's M-RoPE positions are sliced by offset.
+        embeds = embedded.inputs_embeds[:, start:]
+        input_ids = input_ids[:, start:]
+        kwargs = {
+            **extra,
+            **{
+                k: v
+                for k, v in embedded.to_dict().items()
+                if k != "inputs_embeds" and v is not None
+            },
+        }
+        done = 0
+        while embeds.shape[1] > 1:
+            n = min(self.step_size, embeds.shape[1] - 1)
+            lm(
+                inputs=input_ids[:, :n],
+                inputs_embeds=embeds[:, :n],
+                cache=task.cache,
+                n_to_process=n,
+                logits_to_keep=1,
+                **kwargs,
+            )
+            mx.eval([c.state for c in task.cache])
+            embeds, input_ids = embeds[:, n:], input_ids[:, n:]
+            done += n
+            yield done
+        out = lm(
+            input_ids[:, -1:], inputs_embeds=embeds, cache=task.cache, logits_to_keep=1, **kwargs
+        )
+        logits = out.logits[:, -1, :]
+        deltas = kwargs.get("rope_deltas")
+        shift = int(deltas.reshape(-1)[0].item()) if deltas is not None else 0
+        self.vision_tokens += int(payload.inputs["input_ids"].shape[1])
+        keyed = task.request.cache_key is not None
+        return PrefillResult(logits=logits, reusable=keyed, position_offset=shift)
+
+    def _encode(self, pixel_values: mx.array | None, extra: dict[str, Any]) -> Any:
+        """Run the vision encoder on the images (or video frames) exactly as the model's
+        ``get_input_embeddings`` would: the step the encoding cache lets a repeat skip."""
+        vlm = self.vlm
+        if vlm.config.model_type == "gemma3":
+            assert pixel_values is not None
+            dtype = vlm.language_model.model.embed_tokens(mx.array([0])).dtype
+            hidden, _, _ = vlm.vision_tower(
+                pixel_values.transpose(0, 2, 3, 1).astype(dtype), output_hidden_states=True
+            )
+            return vlm.multi_modal_projector(hidden)
+        if pixel_values is None:
+            pixel_values = extra["pixel_values_videos"]
+        grid = extra.get("image_grid_thw")
+        if grid is None:
+            grid = extra["video_grid_thw"]
+        dtype = vlm.vision_tower.patch_embed.proj.weight.dtype
+        return vlm.vision_tower(pixel_values.astype(dtype), grid, output_hidden_states=False)

@@ -1,0 +1,312 @@
+"""Small real vision-language test models, built on the fly (for tests of this plugin).
+
+:func:`build_test_vlm` writes a folder that ``mlx_vlm.load`` loads unchanged: ``config.json``
+of a real mlx-vlm architecture (tiny sizes), ``model.safetensors`` with seeded random
+float32 weights of mlx-vlm's own model class, the family's real tokenizer (from
+``mlxcore.testing``'s assets), a real chat template that renders image and video parts,
+and the processor configuration (``preprocessor_config.json``) with the family's real
+fields. Nothing is mocked: tests load the folder with the real loaders.
+
+Builds are cached by a hash of their arguments under ``default_test_models_root()``; a
+finished folder appears by an atomic rename, so concurrent builders never see half a model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import lzma
+import os
+import shutil
+import tempfile
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+BUILDER_VERSION = 2
+_MANIFEST = ".mlxcore-test-vlm.json"
+
+# Token ids of the Qwen2/Qwen3 vocabulary (checked against the tokenizer at build time).
+_QWEN_SPECIAL = {
+    "vision_start_token_id": "<|vision_start|>",
+    "vision_end_token_id": "<|vision_end|>",
+    "image_token_id": "<|image_pad|>",
+    "video_token_id": "<|video_pad|>",
+}
+
+
+def _qwen2_vl_config(token_ids: dict[str, int], eos: int, vocab_size: int) -> dict[str, Any]:
+    return {
+        "model_type": "qwen2_vl",
+        "architectures": ["Qwen2VLForConditionalGeneration"],
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-6,
+        "vocab_size": vocab_size,
+        "max_position_embeddings": 4096,
+        "rope_theta": 1000000.0,
+        "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
+        "tie_word_embeddings": True,
+        "eos_token_id": eos,
+        **token_ids,
+        "vision_config": {
+            "model_type": "qwen2_vl",
+            "depth": 2,
+            "embed_dim": 32,
+            "hidden_size": 64,
+            "num_heads": 2,
+            "mlp_ratio": 2,
+            "patch_size": 14,
+            "spatial_patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "in_channels": 3,
+        },
+    }
+
+
+def _qwen2_vl_preprocessor() -> dict[str, Any]:
+    # The fields of Qwen2-VL's published preprocessor_config.json, with a small max_pixels
+    # so test images stay a few dozen vision tokens.
+    return {
+        "image_processor_type": "Qwen2VLImageProcessor",
+        "processor_class": "Qwen2VLProcessor",
+        "min_pixels": 3136,
+        "max_pixels": 112 * 112,
+        "patch_size": 14,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+        "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711],
+    }
+
+
+def default_test_models_root() -> Path:
+    """The same cache root as ``mlxcore.testing`` (``$MLXCORE_TEST_MODELS`` or
+    ``$MLXCORE_HOME/test-models``)."""
+    from mlxcore.testing import default_test_models_root as core_root
+
+    return Path(core_root())
+
+
+def available_vlm_architectures() -> list[str]:
+    """Architectures :func:`build_test_vlm` can build."""
+    return sorted(_BUILDERS)
+
+
+def build_test_vlm(arch: str = "qwen2_vl", *, seed: int = 0, root: Path | None = None) -> Path:
+    """Build (or reuse) a tiny vision-language model folder and return it.
+
+    Args:
+        arch: one of :func:`available_vlm_architectures`.
+        seed: ``mx.random.seed`` before the model is instantiated.
+        root: cache folder (default: :func:`default_test_models_root`).
+    """
+    if arch not in available_vlm_architectures():
+        raise ValueError(f"unknown test VLM {arch!r}; known: {available_vlm_architectures()}")
+    key = json.dumps({"v": BUILDER_VERSION, "arch": arch, "seed": seed}, sort_keys=True)
+    name = f"vlm-{arch}-seed{seed}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    base = Path(root) if root is not None else default_test_models_root()
+    target = base / name
+    if (target / _MANIFEST).is_file():
+        return target
+    base.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=base))
+    try:
+        os.chmod(tmp, 0o755)
+        _BUILDERS[arch](tmp, seed)
+        (tmp / _MANIFEST).write_text(key)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / _MANIFEST).is_file():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _spread(name: str, value: Any) -> Any:
+    """Scale the seeded matrices up so that the tiny model's greedy output depends on its
+    input (at the default initialisation every prompt decodes to one repeated token)."""
+    if value.ndim >= 2 and "norm" not in name:
+        return value * _SPREAD
+    return value
+
+
+_SPREAD = 4.0
+
+
+def _asset(folder: str, name: str) -> str:
+    base = resources.files("mlxcore.testing").joinpath("assets", folder)
+    plain = base.joinpath(name)
+    if plain.is_file():
+        return plain.read_text(encoding="utf-8")
+    return lzma.decompress(base.joinpath(name + ".xz").read_bytes()).decode("utf-8")
+
+
+def _qwen2_5_vl_config(token_ids: dict[str, int], eos: int, vocab_size: int) -> dict[str, Any]:
+    config = _qwen2_vl_config(token_ids, eos, vocab_size)
+    config["model_type"] = "qwen2_5_vl"
+    config["architectures"] = ["Qwen2_5_VLForConditionalGeneration"]
+    config["vision_config"] = {
+        "model_type": "qwen2_5_vl",
+        "depth": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "out_hidden_size": 64,
+        "num_heads": 2,
+        "patch_size": 14,
+        "spatial_patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "tokens_per_second": 2,
+        "window_size": 56,
+        "fullatt_block_indexes": [1],
+        "in_channels": 3,
+    }
+    return config
+
+
+def _build_qwen2_vl(folder: Path, seed: int) -> None:
+    _build_qwen_vl(folder, seed, "qwen2_vl")
+
+
+def _build_qwen2_5_vl(folder: Path, seed: int) -> None:
+    _build_qwen_vl(folder, seed, "qwen2_5_vl")
+
+
+def _build_qwen_vl(folder: Path, seed: int, arch: str) -> None:
+    import importlib
+
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    module = importlib.import_module(f"mlx_vlm.models.{arch}")
+
+    tokenizer = json.loads(_asset("qwen3-tokenizer", "tokenizer.json"))
+    tok_config = json.loads(_asset("qwen3-tokenizer", "tokenizer_config.json"))
+    vocab = {t["content"]: t["id"] for t in tokenizer["added_tokens"]}
+    token_ids = {field: vocab[token] for field, token in _QWEN_SPECIAL.items()}
+    eos = vocab["<|im_end|>"]
+    # Qwen3.5's official template: ChatML that renders image and video parts as
+    # <|vision_start|><|image_pad|><|vision_end|>, the placeholders of Qwen-VL processors.
+    template = _asset("chat-templates", "Qwen3.5-4B.jinja")
+    tok_config["chat_template"] = template
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False))
+    (folder / "tokenizer_config.json").write_text(json.dumps(tok_config, ensure_ascii=False))
+    (folder / "chat_template.jinja").write_text(template)
+    preprocessor = _qwen2_vl_preprocessor()
+    if arch == "qwen2_5_vl":
+        preprocessor["processor_class"] = "Qwen2_5_VLProcessor"
+    (folder / "preprocessor_config.json").write_text(json.dumps(preprocessor))
+
+    # One embedding row per token the tokenizer knows (the published checkpoints pad to
+    # 151936; ids past the tokenizer would be undecodable in a random model's output).
+    vocab_size = max(max(tokenizer["model"]["vocab"].values()), *vocab.values()) + 1
+    make_config = _qwen2_5_vl_config if arch == "qwen2_5_vl" else _qwen2_vl_config
+    config = make_config(token_ids, eos, vocab_size)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    mx.random.seed(seed)
+    model_config = module.ModelConfig.from_dict(json.loads(json.dumps(config)))
+    model_config.vision_config = module.VisionConfig.from_dict(config["vision_config"])
+    model_config.text_config = module.TextConfig.from_dict(config)
+    model = module.Model(model_config)
+    flat = dict(tree_flatten(model.parameters()))
+    weights = {name: _spread(name, value) for name, value in flat.items()}
+    mx.save_safetensors(str(folder / "model.safetensors"), weights, metadata={"format": "mlx"})
+
+
+def _gemma3_config(vocab_size: int, eos: list[int]) -> dict[str, Any]:
+    return {
+        "model_type": "gemma3",
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "image_token_index": 262144,
+        "boi_token_index": 255999,
+        "eoi_token_index": 256000,
+        "mm_tokens_per_image": 4,
+        "eos_token_id": eos,
+        "text_config": {
+            "model_type": "gemma3_text",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "query_pre_attn_scalar": 16,
+            "rms_norm_eps": 1e-6,
+            "vocab_size": vocab_size,
+            "sliding_window": 512,
+            "sliding_window_pattern": 2,
+            "rope_local_base_freq": 10000.0,
+            "rope_global_base_freq": 1000000.0,
+            "mm_tokens_per_image": 4,
+            "max_position_embeddings": 4096,
+        },
+        "vision_config": {
+            "model_type": "siglip_vision_model",
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "patch_size": 14,
+            "image_size": 56,
+            "layer_norm_eps": 1e-6,
+        },
+    }
+
+
+def _gemma3_preprocessor() -> dict[str, Any]:
+    # The fields of Gemma 3's published preprocessor_config.json at a 56-pixel input size
+    # (4x4 patches pooled to 2x2 = 4 image tokens).
+    return {
+        "image_processor_type": "Gemma3ImageProcessor",
+        "processor_class": "Gemma3Processor",
+        "do_convert_rgb": None,
+        "do_normalize": True,
+        "do_pan_and_scan": None,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "image_seq_length": 4,
+        "resample": 2,
+        "rescale_factor": 1 / 255,
+        "size": {"height": 56, "width": 56},
+    }
+
+
+def _build_gemma3(folder: Path, seed: int) -> None:
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_vlm.models import gemma3
+
+    tokenizer = json.loads(_asset("gemma3-tokenizer", "tokenizer.json"))
+    tok_config = json.loads(_asset("gemma3-tokenizer", "tokenizer_config.json"))
+    vocab = {t["content"]: t["id"] for t in tokenizer["added_tokens"]}
+    assert vocab["<image_soft_token>"] == 262144
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False))
+    (folder / "tokenizer_config.json").write_text(json.dumps(tok_config, ensure_ascii=False))
+    (folder / "preprocessor_config.json").write_text(json.dumps(_gemma3_preprocessor()))
+    (folder / "processor_config.json").write_text(
+        json.dumps({"image_seq_length": 4, "processor_class": "Gemma3Processor"})
+    )
+    vocab_size = max(vocab.values()) + 1
+    config = _gemma3_config(vocab_size, [vocab["<eos>"], vocab["<end_of_turn>"]])
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    mx.random.seed(seed)
+    model_config = gemma3.ModelConfig.from_dict(json.loads(json.dumps(config)))
+    model_config.text_config = gemma3.TextConfig.from_dict(config["text_config"])
+    model_config.vision_config = gemma3.VisionConfig.from_dict(config["vision_config"])
+    model = gemma3.Model(model_config)
+    flat = dict(tree_flatten(model.parameters()))
+    weights = {name: _spread(name, value) for name, value in flat.items()}
+    mx.save_safetensors(str(folder / "model.safetensors"), weights, metadata={"format": "mlx"})
+
+
+_BUILDERS = {"qwen2_vl": _build_qwen2_vl, "qwen2_5_vl": _build_qwen2_5_vl, "gemma3": _build_gemma3}

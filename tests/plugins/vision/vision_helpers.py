@@ -1,0 +1,121 @@
+"""Helpers for the vision plugin tests: images made with PIL and ``mlx_vlm.generate`` as
+the reference."""
+
+from __future__ import annotations
+
+import base64
+import io
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+
+def noise_image(seed: int, size: tuple[int, int] = (100, 80)) -> Image.Image:
+    """A random RGB image (width, height), reproducible from ``seed``."""
+    rng = np.random.default_rng(seed)
+    pixels = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    return Image.fromarray(pixels)
+
+
+def png_bytes(image: Image.Image, fmt: str = "PNG") -> bytes:
+    """``image`` encoded (lossless PNG by default)."""
+    buf = io.BytesIO()
+    image.save(buf, format=fmt)
+    return buf.getvalue()
+
+
+def make_video(path: Path, frames: int, size: tuple[int, int] = (64, 48), fps: float = 4.0) -> Path:
+    """Write a short real MPEG-4 clip of moving random blocks (OpenCV's encoder)."""
+    import cv2
+
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, size)
+    rng = np.random.default_rng(frames)
+    base = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    for i in range(frames):
+        writer.write(np.roll(base, 4 * i, axis=1))
+    writer.release()
+    return path
+
+
+def video_uri(path: Path) -> str:
+    """A video file as a base64 data: URI."""
+    return "data:video/mp4;base64," + base64.b64encode(path.read_bytes()).decode()
+
+
+def data_uri(image: Image.Image, fmt: str = "PNG") -> str:
+    """``image`` as a base64 data: URI."""
+    mime = f"image/{fmt.lower()}"
+    return f"data:{mime};base64," + base64.b64encode(png_bytes(image, fmt)).decode()
+
+
+class Reference:
+    """``mlx_vlm.generate`` on the same folder: the greedy token ids for a prompt."""
+
+    def __init__(self, path: Path) -> None:
+        from mlx_vlm import load
+
+        self.model, self.processor = load(str(path))
+        self.tokenizer = self.processor.tokenizer
+
+    def prompt(self, text: str, images: int, videos: int = 0) -> str:
+        """The chat prompt the server renders (thinking off, so all output is content)."""
+        content: list[dict[str, Any]] = [{"type": "image"} for _ in range(images)]
+        content += [{"type": "video"} for _ in range(videos)]
+        content.append({"type": "text", "text": text})
+        rendered: str = self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": content}],
+            tokenize=False,
+            add_generation_prompt=True,
+            enable_thinking=False,
+        )
+        return rendered
+
+    def generate(
+        self,
+        text: str,
+        images: list[Image.Image],
+        max_tokens: int,
+        videos: list[Path] | None = None,
+        **sampling: Any,
+    ) -> tuple[list[int], int]:
+        """(greedy token ids, prompt token count); ``sampling``: mlx-vlm's video fields."""
+        from mlx_vlm import generate
+
+        videos = videos or []
+        result = generate(
+            self.model,
+            self.processor,
+            self.prompt(text, len(images), len(videos)),
+            image=images or None,
+            video=[str(v) for v in videos] or None,
+            max_tokens=max_tokens,
+            temperature=0.0,
+            verbose=False,
+            **sampling,
+        )
+        return list(result.token_ids), int(result.prompt_tokens)
+
+    def generate_text_ids(self, text: str, max_tokens: int) -> list[int]:
+        """Greedy ids from ``mlx_vlm.generate`` for a text-only chat prompt, fed as the
+        token ids the server's chat path produces (mlx-vlm's own text tokenization would
+        add a second BOS to templates that already start with one, as Gemma's does)."""
+        import mlx.core as mx
+        from mlx_vlm import generate
+
+        ids = self.tokenizer(self.prompt(text, 0), add_special_tokens=False).input_ids
+        result = generate(
+            self.model,
+            self.processor,
+            "",
+            input_ids=mx.array([ids]),
+            max_tokens=max_tokens,
+            temperature=0.0,
+            verbose=False,
+        )
+        return list(result.token_ids)
+
+    def texts(self, ids: list[int]) -> list[str]:
+        """Each token's text, as the server's logprobs report it."""
+        return [self.tokenizer.decode([i]) for i in ids]
