@@ -195,3 +195,15 @@ def test_plugin_options_are_validated_on_both_apis(server: Any) -> None:
     )
     assert openai_reply.status_code == 400
     assert openai_reply.json()["error"]["param"] == "test_script"
+
+
+def test_image_block_on_a_text_model_is_400_naming_it(client: anthropic.Anthropic) -> None:
+    image = {
+        "type": "image",
+        "source": {"type": "base64", "media_type": "image/png", "data": "aGk="},
+    }
+    messages: Any = [{"role": "user", "content": [{"type": "text", "text": "?"}, image]}]
+    with pytest.raises(anthropic.BadRequestError) as info:
+        client.messages.create(model="tiny", max_tokens=4, messages=messages)
+    assert "does not take images" in str(info.value)
+    assert "messages[0].content[1]" in str(info.value)

@@ -4,7 +4,8 @@ The chat templates speak the OpenAI-style message list (``system`` / ``user`` /
 ``assistant`` with ``tool_calls`` / ``tool``), so Anthropic content blocks are
 mapped onto it: ``tool_result`` blocks become ``tool`` messages, ``tool_use``
 blocks become assistant ``tool_calls``, ``thinking`` blocks become
-``reasoning_content``.
+``reasoning_content``, and ``image`` blocks (on a model with a media handler, e.g.
+the ``vision`` plugin's) become the OpenAI ``image_url`` parts that handler reads.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mlxcore.engine.request import SamplingParams
+from mlxcore.media import MediaHandler, MediaPart
 from mlxcore.server.errors import invalid
 from mlxcore_anthropic.schemas import Message, MessagesRequest, Tool
 
@@ -47,16 +49,76 @@ def _tool_result_text(content: Any, where: str) -> str:
     raise invalid("tool_result content must be a string or text blocks", f"{where}.content")
 
 
-def _user(message: Message, where: str) -> list[dict[str, Any]]:
+def _image_part(block: dict[str, Any], at: str) -> dict[str, Any]:
+    """An Anthropic image block as the equivalent OpenAI ``image_url`` part."""
+    source = block.get("source")
+    if not isinstance(source, dict):
+        raise invalid("an image block needs a source object", f"{at}.source")
+    kind = source.get("type")
+    if kind == "base64":
+        media_type, data = source.get("media_type"), source.get("data")
+        if not isinstance(media_type, str) or not media_type.startswith("image/"):
+            raise invalid("source.media_type must be an image type", f"{at}.source.media_type")
+        if not isinstance(data, str) or not data:
+            raise invalid("source.data must be base64 text", f"{at}.source.data")
+        url = f"data:{media_type};base64,{data}"
+    elif kind == "url":
+        link = source.get("url")
+        if not isinstance(link, str) or not link:
+            raise invalid("source.url must be a URL", f"{at}.source.url")
+        url = link
+    else:
+        raise invalid(f"image source type {kind!r} is not base64 or url", f"{at}.source.type")
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+class _UserContent:
+    """The text and image blocks of one user message, in order."""
+
+    def __init__(self, media: MediaHandler | None, parts: list[MediaPart]) -> None:
+        self.media, self.parts = media, parts
+        self.items: list[dict[str, Any]] = []
+        self.has_media = False
+
+    def text(self, text: str) -> None:
+        self.items.append({"type": "text", "text": text})
+
+    def image(self, block: dict[str, Any], at: str) -> None:
+        part = _image_part(block, at)
+        if self.media is None or part["type"] not in self.media.part_types:
+            raise invalid("this model does not take images", f"{at}.type")
+        self.parts.append(MediaPart(part, at))
+        self.items.append(self.media.placeholder(part))
+        self.has_media = True
+
+    def message(self) -> dict[str, Any] | None:
+        if not self.items:
+            return None
+        if not self.has_media:
+            return {"role": "user", "content": "\n".join(i["text"] for i in self.items)}
+        joined: list[dict[str, Any]] = []
+        for item in self.items:  # adjacent texts joined with a newline, as without images
+            if item["type"] == "text" and joined and joined[-1]["type"] == "text":
+                joined[-1] = {"type": "text", "text": joined[-1]["text"] + "\n" + item["text"]}
+            else:
+                joined.append(item)
+        return {"role": "user", "content": joined}
+
+
+def _user(
+    message: Message, where: str, media: MediaHandler | None, parts: list[MediaPart]
+) -> list[dict[str, Any]]:
     if isinstance(message.content, str):
         return [{"role": "user", "content": message.content}]
     out: list[dict[str, Any]] = []
-    texts: list[str] = []
+    content = _UserContent(media, parts)
     for i, block in enumerate(message.content):
         kind = block.get("type")
         at = f"{where}.content[{i}]"
         if kind == "text":
-            texts.append(str(block.get("text", "")))
+            content.text(str(block.get("text", "")))
+        elif kind == "image":
+            content.image(block, at)
         elif kind == "tool_result":
             tool_id = block.get("tool_use_id")
             if not isinstance(tool_id, str):
@@ -67,8 +129,9 @@ def _user(message: Message, where: str) -> list[dict[str, Any]]:
             out.append({"role": "tool", "tool_call_id": tool_id, "content": text})
         else:
             raise invalid(f"content block type {kind!r} is not supported here", f"{at}.type")
-    if texts:
-        out.append({"role": "user", "content": "\n".join(texts)})
+    user = content.message()
+    if user is not None:
+        out.append(user)
     return out
 
 
@@ -111,15 +174,25 @@ def _assistant(message: Message, where: str) -> dict[str, Any]:
     return item
 
 
-def chat_messages(body_messages: Sequence[Message], system: str | None) -> list[dict[str, Any]]:
-    """Anthropic messages as a chat-template message list."""
+def chat_messages(
+    body_messages: Sequence[Message],
+    system: str | None,
+    media: MediaHandler | None = None,
+    parts: list[MediaPart] | None = None,
+) -> list[dict[str, Any]]:
+    """Anthropic messages as a chat-template message list.
+
+    With a ``media`` handler, user ``image`` blocks become the handler's placeholders and
+    their parts are appended to ``parts`` in prompt order; without one they are a 400.
+    """
+    parts = [] if parts is None else parts
     if not body_messages:
         raise invalid("messages must not be empty", "messages")
     out: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
     for i, message in enumerate(body_messages):
         where = f"messages[{i}]"
         if message.role == "user":
-            out.extend(_user(message, where))
+            out.extend(_user(message, where, media, parts))
         elif message.role == "assistant":
             out.append(_assistant(message, where))
         else:

@@ -57,10 +57,17 @@ def usage_body(usage: Usage) -> dict[str, Any]:
 
 
 def error_body(err: APIError) -> tuple[int, dict[str, Any]]:
-    """Status and Anthropic error body (an overloaded server answers 529)."""
+    """Status and Anthropic error body (an overloaded server answers 529).
+
+    Anthropic's error has no ``param`` field, so the field at fault is named in the
+    message (``... (at messages[0].content[1].source.data)``).
+    """
     status = 529 if err.status == 503 else err.status
     kind = ERROR_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
-    return status, {"type": "error", "error": {"type": kind, "message": err.message}}
+    message = err.message
+    if err.param and err.param not in message:
+        message = f"{message} (at {err.param})"
+    return status, {"type": "error", "error": {"type": kind, "message": message}}
 
 
 def content_blocks(out: OutputDelta, *, show_thinking: bool) -> list[dict[str, Any]]:

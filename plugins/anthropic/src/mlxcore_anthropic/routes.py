@@ -5,13 +5,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
+import attrs
 from litestar import Request, Response, Router, post
 from litestar.response import Stream
 
 from mlxcore import structured
 from mlxcore.engine.request import GenerationRequest
+from mlxcore.media import MediaPart
 from mlxcore.output import OutputDelta
-from mlxcore.prompts import RenderedPrompt
 from mlxcore.server.errors import APIError, as_api_error, invalid
 from mlxcore.server.requests import (
     body_extras,
@@ -39,10 +40,25 @@ from mlxcore_anthropic.schemas import CountTokensRequest, MessagesRequest
 KNOWN_FIELDS = frozenset(MessagesRequest.__struct_fields__)
 
 
+@attrs.frozen
+class _Prompt:
+    """A Messages request's prompt: ids, text, history checkpoints and media payload."""
+
+    ids: list[int]
+    text: str
+    checkpoints: tuple[int, ...]
+    media: Any = None
+    cache_key: tuple[int, ...] | None = None
+
+
 def _prompt(
-    svc: GenerationService, body: MessagesRequest | CountTokensRequest
-) -> tuple[RenderedPrompt, list[dict[str, Any]] | None]:
-    messages = convert.chat_messages(body.messages, convert.system_text(body.system))
+    svc: GenerationService,
+    body: MessagesRequest | CountTokensRequest,
+    options: dict[str, Any] | None = None,
+) -> tuple[_Prompt, list[dict[str, Any]] | None]:
+    media = svc.runtime.media
+    parts: list[MediaPart] = []
+    messages = convert.chat_messages(body.messages, convert.system_text(body.system), media, parts)
     tools = convert.template_tools(body.tools)
     if isinstance(body, MessagesRequest) and body.tool_choice is not None:
         choice = body.tool_choice.type
@@ -51,7 +67,13 @@ def _prompt(
         elif choice not in ("auto", "any", "tool"):
             raise invalid(f"unknown tool_choice type {choice!r}", "tool_choice.type")
     kwargs = {"enable_thinking": body.thinking is not None and body.thinking.type == "enabled"}
-    return svc.chat_prompt(messages, tools, kwargs), tools
+    rendered = svc.chat_prompt(messages, tools, kwargs)
+    if not parts:
+        return _Prompt(rendered.ids, rendered.text, rendered.checkpoints()), tools
+    assert media is not None  # parts are only collected with a handler
+    prepared = media.prepare(rendered.text, parts, options or {})
+    key = None if prepared.cache_key is None else tuple(prepared.cache_key)
+    return _Prompt(prepared.ids, rendered.text, (), prepared.payload, key), tools
 
 
 def build_generation(
@@ -63,27 +85,29 @@ def build_generation(
     limit = svc.context_length
     if limit is not None and body.max_tokens > limit:
         raise invalid(f"max_tokens exceeds the model's context of {limit}", "max_tokens")
-    rendered, tools = _prompt(svc, body)
-    stops = [s for s in body.stop_sequences or [] if s]
     reserved = (structured.OPTION, structured.START_AFTER_OPTION)
     options = validated_options(svc, {k: v for k, v in extras.items() if k not in reserved})
+    prompt, tools = _prompt(svc, body, options)
+    stops = [s for s in body.stop_sequences or [] if s]
     forced = _forced_tool_choice(body, tools)
     if forced is not None:
         options[structured.OPTION] = forced[0]
         if convert.thinking_enabled(body) and svc.runtime.parsers.reasoning is not None:
             options[structured.START_AFTER_OPTION] = "</think>"
     request = GenerationRequest(
-        prompt_tokens=tuple(rendered.ids),
-        checkpoints=rendered.checkpoints(),
+        prompt_tokens=tuple(prompt.ids),
+        checkpoints=prompt.checkpoints,
         max_tokens=body.max_tokens,
         sampling=convert.sampling(body),
         options=options,
         request_id=new_message_id(),
+        media=prompt.media,
+        cache_key=prompt.cache_key,
     )
     pipeline = svc.pipeline(
         stops=stops,
         tools=tools,
-        prompt_text=rendered.text,
+        prompt_text=prompt.text,
         tool_parser=forced[1] if forced else None,
     )
     return Generation(request, pipeline)
@@ -142,7 +166,7 @@ async def _events(
     gen: Generation, deltas: AsyncIterator[OutputDelta], model: str, show_thinking: bool
 ) -> AsyncIterator[bytes]:
     start_usage = {"input_tokens": len(gen.request.prompt_tokens), "output_tokens": 0}
-    message = {
+    message: dict[str, Any] = {
         "id": gen.request.request_id,
         "type": "message",
         "role": "assistant",
