@@ -30,6 +30,7 @@ from mlxcore.engine.strategies import PrefillResult, PrefillTask
 from mlxcore.models.loader import load_model
 from mlxcore.testing import build_test_model
 from mlxcore_specprefill.options import Settings
+from mlxcore_specprefill.scoring import argmax_token
 from mlxcore_specprefill.stack import detect
 from mlxcore_specprefill.strategy import SpecPrefill
 
@@ -86,7 +87,7 @@ def main() -> None:
     for _ in range(args.repeat):
         for name, strategy in (("dense", dense), ("sparse", sparse)):
             seconds, result, cache = _timed_prefill(strategy, target.model, req)
-            first = int(mx.argmax(result.logits).item())
+            first = argmax_token(result.logits)
             rows[f"{name}_ttft"].append(seconds)
             rows[f"{name}_tps"].append(_decode_rate(target.model, cache, first, args.decode))
     best = {k: (min(v) if k.endswith("ttft") else max(v)) for k, v in rows.items()}
@@ -108,7 +109,8 @@ def main() -> None:
 def _leaves(tree: Any) -> list[tuple[str, Any]]:
     from mlx.utils import tree_flatten
 
-    return list(tree_flatten(tree))
+    flat: list[tuple[str, Any]] = tree_flatten(tree)  # type: ignore[assignment]
+    return flat
 
 
 if __name__ == "__main__":

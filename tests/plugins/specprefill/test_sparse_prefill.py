@@ -4,23 +4,25 @@ at their original positions, decoding continues at the full length, prefix reuse
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import attrs
 import mlx.core as mx
 import pytest
+from mlx_lm import load
 from mlx_lm.models.cache import make_prompt_cache
-from sp_helpers import drive, masked_reference, prompt_ids
+from sp_helpers import build_nemotron_h, drive, masked_reference, prompt_ids
 
 from mlxcore.builtin.strategies import ChunkedPrefill
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.strategies import PrefillTask
 from mlxcore_specprefill.options import Settings
-from mlxcore_specprefill.scoring import select_chunks, uniform_chunks
+from mlxcore_specprefill.scoring import score_tokens, select_chunks, uniform_chunks
 from mlxcore_specprefill.stack import TextStack, Unsupported, detect, probe
 from mlxcore_specprefill.strategy import SpecPrefill
 
-ARCHS = ["llama", "qwen3", "qwen3_5"]
+ARCHS = ["llama", "qwen3", "qwen3_5", "gpt_oss"]
 TOL = 2e-4
 
 
@@ -39,7 +41,7 @@ def make_strategy(
 ) -> SpecPrefill:
     target, _ = loaded(arch, **(target_overrides or {}))
     draft, _ = loaded(arch, seed=1)  # another model with the same tokenizer
-    base = {"threshold": 16, "chunk": 16, **settings}
+    base = {"threshold": 16, "chunk": 16, "tail": 8, **settings}
     return SpecPrefill(detect(target), detect(draft), Settings(**base), step_size=64)
 
 
@@ -64,8 +66,10 @@ def test_keep_one_matches_chunked_prefill(loaded: Any, arch: str) -> None:
     assert mx.allclose(model(nxt, cache=cache), model(nxt, cache=ref_cache), atol=TOL).item()
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gpt_oss"])
 def test_sparse_prefill_places_kept_tokens_at_original_positions(loaded: Any, arch: str) -> None:
+    """GPT-OSS also: sliding-window layers mask by position, attention sinks, and the
+    last window of real positions is kept (the rotating cache reads it when decoding)."""
     model, _ = loaded(arch)
     req = request(240)
     n = len(req.prompt_tokens)
@@ -77,6 +81,9 @@ def test_sparse_prefill_places_kept_tokens_at_original_positions(loaded: Any, ar
     assert res.usage == {"prompt_tokens_total": n, "prompt_tokens_kept": len(kept)}
     assert len(kept) < n // 3 and res.reusable is False
     assert all(c.offset == len(kept) for c in cache)  # the cache holds only kept entries
+    window = sp.target.window
+    if window:
+        assert window == 8 and set(range(n - window, n)) <= set(kept)
     # dense reference: every query sees only kept keys, all at true positions 0..n
     nxt = int(mx.argmax(res.logits).item())
     ref = masked_reference(model, [*req.prompt_tokens, nxt], kept)
@@ -173,10 +180,15 @@ def test_error_falls_back_to_full_prefill(loaded: Any, caplog: pytest.LogCapture
     assert "falling back to chunked prefill" in caplog.text
 
 
-def test_unsupported_structure_is_refused_with_a_reason(loaded: Any) -> None:
+def test_unsupported_structure_is_refused_with_a_reason(
+    loaded: Any, mlxcore_model_factory: Any, tmp_path: Path
+) -> None:
     model, _ = loaded("gemma4_text")
     with pytest.raises(Unsupported, match="pre_feedforward_layernorm"):
         detect(model)
+    nemotron, _ = load(str(build_nemotron_h(tmp_path / "nh", mlxcore_model_factory("llama"))))
+    with pytest.raises(Unsupported, match="Nemotron-H"):
+        detect(nemotron)
     probe(detect(loaded("qwen3_5")[0]))  # supported ones pass the numeric self-check
     dynamic = {"rope_type": "dynamic", "factor": 2.0}
     with pytest.raises(Unsupported, match="composed forward"):
@@ -192,3 +204,51 @@ def test_select_chunks_keeps_head_tail_and_best() -> None:
     assert select_chunks(scores, 30, keep=0.2, chunk=10, tail=8)[0] >= 30
     uniform = uniform_chunks(100, 0, keep=0.3, chunk=10, tail=8)
     assert len(uniform) == 30 and uniform[-1] == 99
+
+
+def _mlx_lm_greedy(model: Any, tokens: tuple[int, ...], count: int) -> list[int]:
+    from mlx_lm.generate import generate_step
+
+    steps = generate_step(mx.array(list(tokens)), model, max_tokens=count)
+    return [int(tok) for tok, _ in steps]
+
+
+def test_draft_lookahead_tokens_score_like_an_extended_prompt(loaded: Any) -> None:
+    """The draft's decoded lookahead tokens act as queries exactly as if they had
+    been part of the prompt (its cache is trimmed back and re-run correctly)."""
+    draft, _ = loaded("llama", seed=1)
+    stack = detect(draft)
+    tokens = prompt_ids(150, salt=3)
+    generated = _mlx_lm_greedy(draft, tokens, 3)
+    with_decode = drive(score_tokens(stack, tokens, 4, 64, decode=3))
+    extended = drive(score_tokens(stack, (*tokens, *generated), 7, 64, decode=0))
+    prompt_only = drive(score_tokens(stack, tokens, 4, 64, decode=0))
+    assert with_decode.shape == (150,)
+    assert mx.allclose(with_decode, extended[:150], atol=1e-5).item()
+    assert not mx.allclose(with_decode, prompt_only, atol=1e-5).item()
+
+
+def test_recurrent_draft_scores_from_prompt_positions_only(loaded: Any) -> None:
+    """A hybrid draft's recurrent state cannot be rolled back: no lookahead decode."""
+    stack = detect(loaded("qwen3_5", seed=1)[0])
+    tokens = prompt_ids(100, salt=4)
+    a = drive(score_tokens(stack, tokens, 4, 64, decode=3))
+    b = drive(score_tokens(stack, tokens, 4, 64, decode=0))
+    assert mx.allclose(a, b).item() and float(a.sum().item()) > 0
+
+
+def test_sliding_window_target_with_a_reused_prefix_falls_back(loaded: Any) -> None:
+    """Rotating caches hold only a window of the prefix: no sparse prefill on top."""
+    model, _ = loaded("gpt_oss")
+    sp = make_strategy(loaded, "gpt_oss", keep=0.2)
+    req = request(200, salt=6)
+    ref = drive(ChunkedPrefill(model, 64).prefill(PrefillTask(req, make_prompt_cache(model))))
+    cache = make_prompt_cache(model)
+    drive(
+        ChunkedPrefill(model, 64).prefill(
+            PrefillTask(attrs.evolve(req, prompt_tokens=req.prompt_tokens[:120]), cache)
+        )
+    )
+    res = drive(sp.prefill(PrefillTask(req, cache, 120)))
+    assert sp.counters.fallbacks == 1 and sp.counters.applications == 0
+    assert res.usage == {} and mx.allclose(res.logits, ref.logits, atol=TOL).item()

@@ -158,6 +158,41 @@ def test_unsupported_target_falls_back_with_a_logged_reason(
         rt.engine.shutdown()
 
 
+def test_gpt_oss_through_the_engine(mlxcore_model_factory: Any, gpt_oss_path: Path) -> None:
+    """GPT-OSS (sliding-window layers in rotating caches, attention sinks) as target,
+    the test Llama as draft: keep 1 is mlx-lm's greedy output; a sparse prefill keeps
+    the last window and decodes."""
+    rt = make_runtime(
+        gpt_oss_path,
+        specprefill_draft_model=str(mlxcore_model_factory("llama", seed=1)),
+        specprefill_threshold=64,
+        specprefill_chunk=16,
+    )
+    try:
+        sp = rt.engine.prefill
+        assert sp.name == "specprefill"
+        prompt = prompt_ids(200, salt=9)
+        whole = GenerationRequest(
+            prompt_tokens=prompt, max_tokens=8, options={"specprefill": {"keep": 1.0}}
+        )
+        tokens, finish = run(rt, whole)
+        assert finish.usage.extra == {"prompt_tokens_total": 200, "prompt_tokens_kept": 200}
+        ref = [
+            r.token
+            for r in stream_generate(
+                rt.model, rt.tokenizer, list(prompt), max_tokens=8, sampler=make_sampler(0.0)
+            )
+        ]
+        assert tokens == ref[: len(tokens)] and len(tokens) >= 1
+        sparse = GenerationRequest(prompt_tokens=prompt_ids(200, salt=10), max_tokens=4)
+        tokens, finish = run(rt, sparse)
+        kept = sp.last_kept  # type: ignore[attr-defined]
+        assert finish.usage.extra["prompt_tokens_kept"] == len(kept) < 100 and tokens
+        assert set(range(192, 200)) <= set(kept)  # the 8-token window at the end
+    finally:
+        rt.engine.shutdown()
+
+
 def test_configure_requires_a_draft_and_valid_flags() -> None:
     hooks = hooks_with_plugin()
     with pytest.raises(UsageError, match="--specprefill-draft-model"):

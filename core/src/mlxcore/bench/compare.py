@@ -168,8 +168,12 @@ async def _compare(
     levels = settings.concurrency
     reps: dict[tuple[int, str], list[dict[str, Any]]] = {}
     async with client.http_client(max(levels) * 2) as http:
-        for side in SIDES:  # warm-up: both paths compiled, the draft model touched
-            await _batch(http, target, [workloads.writing_messages(0)], 8, bodies[side])
+        # Warm-up: both paths compiled, a draft model touched; with long prompts, one long
+        # prompt per side, so no measured request pays a path's first-use cost.
+        warm = workloads.writing_messages(0) if compare.prompt_tokens is None else None
+        for side in SIDES:
+            messages = warm if warm is not None else make_messages(0)
+            await _batch(http, target, [messages], 2, bodies[side])
         for r in range(settings.repeats):
             for n in levels if r % 2 == 0 else tuple(reversed(levels)):
                 order = SIDES if (r + levels.index(n)) % 2 == 0 else tuple(reversed(SIDES))

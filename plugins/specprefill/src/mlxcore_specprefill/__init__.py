@@ -5,9 +5,10 @@ prompts of at least ``--specprefill-threshold`` uncached tokens, a small draft m
 with the same tokenizer scores how much each prompt token matters and the target is
 prefilled with only the best chunks (``--specprefill-keep``) at their original
 positions. Supported targets (recognised by structure): Llama/Qwen3-style attention
-(GQA, q/k norms, rope scaling) and Qwen3.5-style hybrids (GatedDeltaNet + gated
-attention). Other targets get normal chunked prefill, with the reason logged. See
-docs/plugins/specprefill.md.
+(GQA, q/k norms, rope scaling), Qwen3.5-style hybrids (GatedDeltaNet + gated
+attention) and GPT-OSS-style alternating sliding-window layers with attention sinks.
+Other targets (Gemma, Nemotron-H, ...) get normal chunked prefill, with the reason
+logged. See docs/plugins/specprefill.md.
 """
 
 from __future__ import annotations

@@ -23,6 +23,8 @@ DEFAULT_THRESHOLD = 8192
 DEFAULT_KEEP = 0.2
 DEFAULT_CHUNK = 32
 DEFAULT_LOOKAHEAD = 8
+DEFAULT_DECODE = 8
+DEFAULT_TAIL = 64
 
 
 @attrs.frozen
@@ -35,6 +37,9 @@ class Settings:
         keep: fraction of the uncached prompt tokens to prefill, in (0, 1].
         chunk: selection granularity in tokens (whole chunks are kept or dropped).
         lookahead: how many final prompt positions of the draft score the prompt.
+        decode: how many tokens the draft generates after the prompt whose attention
+            also scores it (only with trimmable draft caches; 0 turns it off).
+        tail: the last prompt tokens always kept (rounded up to whole chunks).
     """
 
     enabled: bool = True
@@ -42,6 +47,8 @@ class Settings:
     keep: float = DEFAULT_KEEP
     chunk: int = DEFAULT_CHUNK
     lookahead: int = DEFAULT_LOOKAHEAD
+    decode: int = DEFAULT_DECODE
+    tail: int = DEFAULT_TAIL
 
 
 def add_options(parser: Any) -> None:

@@ -1,12 +1,14 @@
 """Token importance from a draft model's attention, and chunk selection.
 
-The draft prefills the whole prompt except its last ``lookahead`` tokens with its own
-forward pass, then runs those last tokens through :class:`~.stack.TextStack` with an
-observer that reads, in every attention layer, the softmax attention of those
-positions over the whole prompt. A token's importance is the largest, over layers
-and heads, of its attention averaged over the lookahead queries (as in the
-SpecPrefill paper). Selection then keeps whole chunks: the prompt's head and tail
-always, then the best-scoring chunks until the budget is reached.
+The draft reads the whole prompt with its own forward pass and, when its caches can
+be trimmed, greedily decodes ``decode`` lookahead tokens (the SpecPrefill paper's
+"speculated" tokens: what the answer is about to need). Its cache is then cut back
+to just before the last ``lookahead`` prompt tokens, and those tokens plus the
+generated ones are run through :class:`~.stack.TextStack` with an observer that
+reads, in every attention layer, their softmax attention over the prompt. A token's
+importance is the largest, over layers and heads, of its attention averaged over
+those query positions. Selection then keeps whole chunks: the prompt's head and
+tail always, then the best-scoring chunks until the budget is reached.
 """
 
 from __future__ import annotations
@@ -16,40 +18,77 @@ from collections.abc import Generator, Sequence
 from typing import Any, cast
 
 import mlx.core as mx
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
 from mlxcore_specprefill.stack import TextStack
 
 
 def score_tokens(
-    draft: TextStack, tokens: Sequence[int], lookahead: int, step: int
+    draft: TextStack, tokens: Sequence[int], lookahead: int, step: int, decode: int = 0
 ) -> Generator[int, None, mx.array]:
     """Importance of every prompt token, shape ``(len(tokens),)`` float32.
 
-    A generator: yields the count of tokens the draft processed after each chunk,
-    returns the scores.
+    ``lookahead`` final prompt positions and, if the draft's caches are trimmable
+    (not recurrent), ``decode`` greedily generated draft tokens are the queries.
+    A generator: yields the count of prompt tokens the draft processed after each
+    chunk, returns the scores.
     """
     n = len(tokens)
     w = max(1, min(lookahead, n - 1))
-    body = n - w
     ids = mx.array(list(tokens), dtype=mx.int32)[None]
     cache = make_prompt_cache(draft.model)
+    extra = decode if decode > 0 and can_trim_prompt_cache(cache) else 0
+    end = n - 1 if extra else n - w
     done = 0
-    while done < body:
-        size = min(step, body - done)
+    while done < end:
+        size = min(step, end - done)
+        # only the cache is evaluated: the (unused) logits of the chunk are never computed
         draft.model(ids[:, done : done + size], cache=cache)
         mx.eval([c.state for c in cache])
         done += size
         yield done
-    best = [mx.zeros((n,), dtype=mx.float32)]
+    generated: list[int] = []
+    if extra:
+        logits = draft.model(ids[:, n - 1 :], cache=cache)[:, -1, :]
+        generated = greedy_tokens(draft.model, cache, logits, extra)
+        trim_prompt_cache(cache, w + len(generated) - 1)
+    scores = observe_queries(draft, cache, [*tokens[n - w :], *generated], n - w, n)
+    yield n
+    return scores
 
-    def observe(index: int, queries: mx.array, keys: mx.array, scale: float) -> None:
-        # evaluated layer by layer: one layer's (heads, window, n) scores at a time
-        best[0] = mx.maximum(best[0], _layer_importance(queries, keys, scale))
+
+def greedy_tokens(model: Any, cache: list[Any], logits: mx.array, count: int) -> list[int]:
+    """``count`` greedy tokens from ``logits`` (the last prompt position's) on;
+    feeds all but the last one to ``model`` (the cache grows by ``count - 1``)."""
+    out = [argmax_token(logits)]
+    while len(out) < count:
+        logits = model(mx.array([[out[-1]]], dtype=mx.int32), cache=cache)[:, -1, :]
+        out.append(argmax_token(logits))
+    return out
+
+
+def argmax_token(logits: mx.array) -> int:
+    """The greedy token of ``logits`` ``(1, vocab)``."""
+    return int(cast(int, mx.argmax(logits, axis=-1).item()))
+
+
+def observe_queries(
+    draft: TextStack, cache: list[Any], queries: Sequence[int], start: int, n_keys: int
+) -> mx.array:
+    """Run ``queries`` at positions ``start, start + 1, ...`` through ``draft`` (its
+    cache holds the ``start`` tokens before them) and return, per key position below
+    ``n_keys``, the max over layers and heads of the attention averaged over the
+    queries. The cache grows by ``len(queries)``."""
+    best = [mx.zeros((n_keys,), dtype=mx.float32)]
+
+    def observe(index: int, q: mx.array, keys: mx.array, scale: float) -> None:
+        # evaluated layer by layer: one layer's (heads, queries, keys) scores at a time
+        best[0] = mx.maximum(best[0], _layer_importance(q, keys, scale)[:n_keys])
         mx.eval(best[0])
 
-    draft.forward(ids[:, body:], mx.arange(body, n, dtype=mx.int32), cache, observe)
-    yield n
+    ids = mx.array(list(queries), dtype=mx.int32)[None]
+    positions = mx.arange(start, start + len(queries), dtype=mx.int32)
+    draft.forward(ids, positions, cache, observe)
     return best[0]
 
 

@@ -14,8 +14,14 @@ The structure is recognised from the modules present, not from the model's name:
 * attention with ``q_proj``/``k_proj``/``v_proj``/``o_proj`` and a ``rope`` module,
   optional ``q_norm``/``k_norm`` (Qwen3) and an optional output gate packed into
   ``q_proj`` (Qwen3-Next / Qwen3.5: ``q_proj`` produces twice the query width);
-* per-layer caches that are plain ``KVCache`` (attention) or ``ArraysCache``
-  (recurrent); sliding-window (``RotatingKVCache``) and quantized caches are refused.
+* optional attention sinks (a per-head ``sinks`` array, GPT-OSS) and a ``scale`` or
+  ``sm_scale`` attribute;
+* per-layer caches that are plain ``KVCache`` (attention), ``RotatingKVCache`` with
+  ``keep=0`` (a sliding-window attention layer, GPT-OSS style: its window is the
+  cache's ``max_size``) or ``ArraysCache`` (recurrent); quantized caches are refused.
+
+A sliding-window layer masks by *position*: a token at position ``p`` sees the keys
+at positions ``p - window + 1 .. p`` among those in the cache, whatever their number.
 
 :func:`probe` then checks the composition numerically against the model's own
 forward pass, so a layer that matches the names but computes something else is
@@ -30,7 +36,7 @@ from typing import Any, cast
 import attrs
 import mlx.core as mx
 from mlx_lm.models.base import create_attention_mask, create_ssm_mask
-from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
+from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, make_prompt_cache
 
 Observer = Callable[[int, mx.array, mx.array, float], None]
 """Called per attention layer as ``(layer_index, queries, keys, scale)``: queries
@@ -54,6 +60,9 @@ class AttentionShape:
     n_kv_heads: int
     head_dim: int
     gated: bool
+    scale: float
+    window: int | None = None
+    """Sliding-window size in positions, or ``None`` for full attention."""
 
 
 @attrs.define
@@ -77,12 +86,23 @@ class TextStack:
         """Indices of the attention (positional) layers."""
         return [i for i, s in enumerate(self.shapes) if s is not None]
 
+    @property
+    def window(self) -> int:
+        """The largest sliding window of any layer (0 when every layer sees everything)."""
+        return max((s.window or 0 for s in self.shapes if s is not None), default=0)
+
     def check_cache(self, cache: Sequence[Any]) -> None:
         """Raise :class:`Unsupported` unless ``cache`` is one this module can fill."""
         if len(cache) != len(self.layers):
             raise Unsupported(f"cache has {len(cache)} entries for {len(self.layers)} layers")
         for i, (shape, c) in enumerate(zip(self.shapes, cache, strict=True)):
-            if shape is not None and type(c) is not KVCache:
+            if shape is not None and shape.window is not None:
+                if type(c) is not RotatingKVCache or c.keep or c.max_size != shape.window:
+                    raise Unsupported(
+                        f"layer {i}: sliding-window cache {type(c).__name__} is not a "
+                        f"RotatingKVCache(max_size={shape.window}, keep=0)"
+                    )
+            elif shape is not None and type(c) is not KVCache:
                 raise Unsupported(f"layer {i}: attention cache {type(c).__name__} is not KVCache")
             if shape is None and not isinstance(c, ArraysCache):
                 raise Unsupported(f"layer {i}: recurrent cache {type(c).__name__} unsupported")
@@ -93,16 +113,23 @@ class TextStack:
         positions: mx.array,
         cache: Sequence[Any],
         observer: Observer | None = None,
+        past: mx.array | None = None,
     ) -> mx.array:
         """Run ``tokens`` (shape ``(1, L)``) through every layer, appending to ``cache``.
 
         Token ``i`` is rotated at ``positions[i]``; attention is causal in cache order
-        (kept tokens are appended in their original order). Returns the last hidden
-        states (before the final norm).
+        (kept tokens are appended in their original order). ``past`` holds the
+        positions of the entries already in the cache, in order; sliding-window layers
+        need it (default: consecutive positions just before ``positions[0]``). The
+        observer sees full-attention layers only. Returns the last hidden states
+        (before the final norm).
         """
         h = self.embed(tokens)
-        first_attn = self.attention_layers[0] if self.attention_layers else None
-        attn_mask = create_attention_mask(h, cache[first_attn]) if first_attn is not None else None
+        full = [i for i in self.attention_layers if self.shapes[i].window is None]  # type: ignore[union-attr]
+        attn_mask = create_attention_mask(h, cache[full[0]]) if full else None
+        if self.window and past is None:
+            first = int(cast(int, positions[0].item()))
+            past = mx.arange(max(0, first - self.window), first, dtype=mx.int32)
         ssm_idx = next((i for i, s in enumerate(self.shapes) if s is None), None)
         ssm_mask = create_ssm_mask(h, cache[ssm_idx]) if ssm_idx is not None else None
         for i, (layer, shape, c) in enumerate(zip(self.layers, self.shapes, cache, strict=True)):
@@ -110,7 +137,10 @@ class TextStack:
             if shape is None:
                 r = layer.linear_attn(x, ssm_mask, c)
             else:
-                r = _attend(layer.self_attn, shape, x, positions, c, attn_mask, observer, i)
+                mask = attn_mask
+                if shape.window is not None:
+                    mask = _PositionWindow(shape.window, positions, past)
+                r = _attend(layer.self_attn, shape, x, positions, c, mask, observer, i)
             h = h + r
             h = h + layer.mlp(layer.post_attention_layernorm(h))
         return h
@@ -135,10 +165,13 @@ def detect(model: Any) -> TextStack:
     embed = getattr(inner, "embed_tokens", None)
     layers = list(getattr(model, "layers", None) or getattr(inner, "layers", None) or [])
     if embed is None or not layers:
-        raise Unsupported("no model.embed_tokens / layers found")
+        raise Unsupported(
+            f"{type(model).__name__}: no model.embed_tokens and decoder layers found "
+            "(another layout, e.g. Nemotron-H's backbone of mixer blocks)"
+        )
     shapes: list[AttentionShape | None] = []
     for i, layer in enumerate(layers):
-        if getattr(layer, "use_sliding", False):
+        if getattr(layer, "use_sliding", False):  # Gemma style: windows from a layer flag
             raise Unsupported(f"layer {i} uses sliding-window attention")
         children = set(layer.children())
         missing = _LAYER_PARTS - children
@@ -155,8 +188,12 @@ def detect(model: Any) -> TextStack:
             shapes.append(_attention_shape(layer.self_attn, i))
     if not any(s is not None for s in shapes):
         raise Unsupported("the model has no attention layers to score or place")
+    cache = make_prompt_cache(model)
+    for shape, c in zip(shapes, cache, strict=False):
+        if shape is not None and type(c) is RotatingKVCache:
+            shape.window = int(c.max_size)
     stack = TextStack(model=model, embed=embed, layers=layers, shapes=shapes)
-    stack.check_cache(make_prompt_cache(model))
+    stack.check_cache(cache)
     return stack
 
 
@@ -188,6 +225,11 @@ def _attention_shape(attn: Any, i: int) -> AttentionShape:
     absent = [p for p in _ATTN_PARTS if getattr(attn, p, None) is None]
     if absent:
         raise Unsupported(f"layer {i}: attention {type(attn).__name__} lacks {absent}")
+    scale = getattr(attn, "scale", None)
+    if not isinstance(scale, int | float):
+        scale = getattr(attn, "sm_scale", None)
+    if not isinstance(scale, int | float):
+        raise Unsupported(f"layer {i}: attention has no numeric scale / sm_scale")
     n_heads = _first_int(attn, "n_heads", "num_attention_heads", "num_heads")
     n_kv = _first_int(attn, "n_kv_heads", "num_key_value_heads", "num_kv_heads")
     head_dim = _first_int(attn, "head_dim")
@@ -203,7 +245,9 @@ def _attention_shape(attn: Any, i: int) -> AttentionShape:
         gated = True
     else:
         raise Unsupported(f"layer {i}: q_proj width {q_out} fits neither plain nor gated query")
-    return AttentionShape(n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, gated=gated)
+    return AttentionShape(
+        n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, gated=gated, scale=float(scale)
+    )
 
 
 def _first_int(obj: Any, *names: str) -> int | None:
@@ -225,6 +269,30 @@ def _rope_input_scale(rope: Any, dim: int, dtype: Any) -> mx.array:
     """The per-channel factor a rope module multiplies its input by (YaRN / LongRoPE
     ``mscale``; 1 elsewhere): its output at position 0 for an all-ones input."""
     return rope(mx.ones((1, 1, 1, dim), dtype=mx.float32), offset=0).astype(dtype)
+
+
+@attrs.frozen(eq=False)
+class _PositionWindow:
+    """A sliding-window mask by position: the cache returns its last entries (up to
+    ``window - 1`` old ones, then the new ones, in order), whose positions are the
+    tail of ``past`` followed by ``positions``."""
+
+    window: int
+    positions: mx.array
+    past: mx.array | None
+
+    def array(self, n_keys: int) -> mx.array:
+        """Boolean ``(L, n_keys)``: query ``i`` may see key ``j``."""
+        length = self.positions.shape[0]
+        old = n_keys - length
+        parts = [self.positions]
+        if old > 0:
+            if self.past is None or self.past.shape[0] < old:
+                raise Unsupported("positions of the cached sliding-window entries unknown")
+            parts.insert(0, self.past[self.past.shape[0] - old :])
+        keys = mx.concatenate(parts)[None]
+        queries = self.positions[:, None]
+        return (keys <= queries) & (keys > queries - self.window)
 
 
 def _attend(
@@ -256,10 +324,19 @@ def _attend(
         k = k_norm(k)
     q = _rope_at(attn.rope, q.transpose(0, 2, 1, 3), positions)
     k = _rope_at(attn.rope, k.transpose(0, 2, 1, 3), positions)
-    keys, values = cache.update_and_fetch(k, v)
-    if observer is not None:
-        observer(index, q, keys, attn.scale)
-    out = scaled_dot_product_attention(q, keys, values, cache=cache, scale=attn.scale, mask=mask)
+    if isinstance(mask, _PositionWindow):
+        if L == 1:  # a rotating cache's in-place update does not return keys in order
+            raise Unsupported("a single-token step through a sliding-window layer")
+        keys, values = cache.update_and_fetch(k, v)
+        mask = mask.array(keys.shape[2])
+    else:
+        keys, values = cache.update_and_fetch(k, v)
+        if observer is not None:
+            observer(index, q, keys, shape.scale)
+    sinks = getattr(attn, "sinks", None)
+    out = scaled_dot_product_attention(
+        q, keys, values, cache=cache, scale=shape.scale, mask=mask, sinks=sinks
+    )
     out = out.transpose(0, 2, 1, 3).reshape(B, L, -1)
     if gate is not None:
         out = out * mx.sigmoid(gate)

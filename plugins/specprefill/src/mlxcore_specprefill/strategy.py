@@ -84,6 +84,8 @@ class SpecPrefill(PrefillStrategy):
             return (yield from self.chunked.prefill(task))
         try:
             self.target.check_cache(task.cache)
+            if self.target.window and task.start:
+                raise Unsupported("a reused prefix with sliding-window layers")
         except Unsupported as exc:
             log.info("specprefill: falling back to chunked prefill: %s", exc)
             self.counters.fallbacks += 1
@@ -93,7 +95,11 @@ class SpecPrefill(PrefillStrategy):
             t0 = time.perf_counter()
             draft_time = 0.0
             scorer = score_tokens(
-                self.draft, task.request.prompt_tokens, settings.lookahead, self.step_size
+                self.draft,
+                task.request.prompt_tokens,
+                settings.lookahead,
+                self.step_size,
+                settings.decode,
             )
             while True:
                 t = time.perf_counter()
@@ -106,7 +112,7 @@ class SpecPrefill(PrefillStrategy):
                 draft_time += time.perf_counter() - t
                 yield task.start  # the draft's chunks fill no target state
             kept = select_chunks(
-                scores, task.start, settings.keep, settings.chunk, settings.lookahead
+                scores, task.start, settings.keep, settings.chunk, self._tail(settings)
             )
             self.last_kept = kept
             touched = True
@@ -143,6 +149,12 @@ class SpecPrefill(PrefillStrategy):
             usage={"prompt_tokens_total": total, "prompt_tokens_kept": task.start + len(kept)},
         )
 
+    def _tail(self, settings: Settings) -> int:
+        """Prompt tokens always kept: the setting, and at least the widest sliding
+        window, so that a rotating cache ends up holding the last window of real
+        positions (what decoding reads)."""
+        return max(settings.tail, self.target.window, 1)
+
     def _sparse(self, task: PrefillTask, kept: list[int]) -> Any:
         """Fill ``task.cache`` with the kept tokens (see the module docstring)."""
         prompt = task.request.prompt_tokens
@@ -151,13 +163,17 @@ class SpecPrefill(PrefillStrategy):
         assert kept and kept[-1] == n - 1, "the last prompt token must be kept"
         self.target.shift_positions(task.cache, task.start, -shift)
         body = kept[:-1]
-        for a in range(0, len(body), self.step_size):
-            part = body[a : a + self.step_size]
+        placed = mx.array([*range(task.start), *body], dtype=mx.int32) - shift
+        bounds = list(range(0, len(body), self.step_size))
+        if self.target.window and len(bounds) > 1 and len(body) - bounds[-1] == 1:
+            bounds.pop()  # no single-token step through a sliding-window layer
+        for a, b in zip(bounds, [*bounds[1:], len(body)][: len(bounds)], strict=True):
+            part = body[a:b]
             ids = mx.array([prompt[p] for p in part], dtype=mx.int32)[None]
-            positions = mx.array(part, dtype=mx.int32) - shift
-            self.target.forward(ids, positions, task.cache)
+            positions = placed[task.start + a : task.start + b]
+            self.target.forward(ids, positions, task.cache, past=placed[: task.start + a])
             mx.eval([c.state for c in task.cache])
-            yield task.start + a + len(part)
+            yield task.start + b
         last = mx.array([[prompt[n - 1]]], dtype=mx.int32)
         logits = self.target.model(last, cache=task.cache)[:, -1, :]
         mx.eval(logits)
