@@ -41,10 +41,10 @@ def make_runtime(model: Path, **options: Any) -> Runtime:
 class OracleHead:
     """The real head, with its logits replaced by the known greedy continuation.
 
-    The real MTP module still runs (its cache is trimmed and fed as in production); only
-    the draft choice is steered: entry ``e`` of the head's cache predicts generated token
-    ``e + 2``, and every ``wrong_every``-th entry proposes a wrong token, so rounds accept
-    all, some or none of their drafts.
+    The real MTP module still runs (its cache is fed, rolled back and trimmed as in
+    production); only the draft choice is steered: entry ``e`` of a row's head cache
+    predicts generated token ``e + 2``, and every ``wrong_every``-th entry proposes a wrong
+    token, so rounds accept all, some or none of their drafts.
     """
 
     def __init__(self, real: MTPHead, reference: list[int], wrong_every: int) -> None:
@@ -53,14 +53,22 @@ class OracleHead:
         self.wrong_every = wrong_every
         self.make_cache = real.make_cache
         self.forward_main = real.forward_main
+        self.verify = real.verify
 
-    def draft(self, tokens: mx.array, hidden: mx.array, cache: list[Any]) -> tuple:
-        h, logits = self.real.draft(tokens, hidden, cache)
-        entry = cache[0].offset - 1
-        token = self.reference[entry + 2] if entry + 2 < len(self.reference) else 0
-        if self.wrong_every and entry % self.wrong_every == 0:
-            token = (token + 1) % logits.shape[-1]
-        return h, mx.zeros(logits.shape).at[..., token].add(10.0)
+    def draft(self, tokens: mx.array, hidden: mx.array, cache: list[Any], last: Any = None):
+        h, logits = self.real.draft(tokens, hidden, cache, last)
+        steps = tokens.shape[1]
+        rows = tokens.shape[0]
+        offsets = mx.array(cache[0].offset) * mx.ones((rows,), dtype=mx.int32)
+        position = mx.array([steps - 1] * rows) if last is None else last
+        entries: list[int] = (offsets - steps + position).tolist()  # type: ignore[assignment]
+        steered = mx.zeros(logits.shape)
+        for b, entry in enumerate(entries):
+            token = self.reference[entry + 2] if entry + 2 < len(self.reference) else 0
+            if self.wrong_every and entry % self.wrong_every == 0:
+                token = (token + 1) % logits.shape[-1]
+            steered[b, 0, token] = 10.0
+        return h, steered
 
 
 @pytest.fixture(scope="module")
@@ -182,6 +190,23 @@ def test_cached_prefix_then_speculation(rt: Runtime) -> None:
     tokens, finish = run(rt, GenerationRequest(longer, 20))
     assert tokens == reference(rt, longer, 20)
     assert finish.usage.cached_tokens > 0
+
+
+def test_cached_prefix_with_accepted_drafts(rt: Runtime) -> None:
+    decoder = rt.engine.decoder
+    real = decoder.head
+    prompt = ids(rt, PROMPTS[0])
+    first, _ = run(rt, GenerationRequest(prompt, 10))
+    longer = prompt + first + ids(rt, " so")
+    ref = reference(rt, longer, 30)
+    decoder.head = OracleHead(real, ref, 4)
+    try:
+        tokens, finish = run(rt, GenerationRequest(longer, 30))
+    finally:
+        decoder.head = real
+    assert tokens == ref
+    assert finish.usage.cached_tokens > 0
+    assert finish.usage.extra["speculative_acceptance"] > 0.3
 
 
 def test_speculative_false_request_decodes_plainly(rt: Runtime) -> None:

@@ -21,7 +21,7 @@ from mlxcore.errors import UsageError
 from mlxcore.models import load_model
 from mlxcore_qwen35_mtp import mlxcore_configure, mlxcore_patch_model, mlxcore_validate_options
 from mlxcore_qwen35_mtp.accept import REJECTION, KeyStream, decide, draft_token
-from mlxcore_qwen35_mtp.decoder import MTPDecoder, _Spec
+from mlxcore_qwen35_mtp.decoder import MTPDecoder
 from mlxcore_qwen35_mtp.head import LAYOUT_KEY, SIDECAR, build_head
 
 
@@ -59,8 +59,29 @@ def _state(cache: list) -> list:
     return out
 
 
-@pytest.mark.parametrize("k,drafts_right", [(1, 0), (3, 1), (3, 3)])
-def test_rollback_matches_plain_feeding(tiny_qwen3_5: Path, k: int, drafts_right: int) -> None:
+class _Steered:
+    """The real head whose first ``len(forced)`` drafts are forced."""
+
+    def __init__(self, real, forced: list[int]) -> None:
+        self.real = real
+        self.forced = forced
+        self.make_cache = real.make_cache
+        self.forward_main = real.forward_main
+        self.verify = real.verify
+
+    def draft(self, tokens, hidden, cache, last=None):
+        h, logits = self.real.draft(tokens, hidden, cache, last)
+        if not self.forced:
+            return h, logits
+        return h, mx.zeros(logits.shape).at[..., self.forced.pop(0)].add(10.0)
+
+
+@pytest.mark.parametrize("k,drafts_right,batch", [(1, 0, 1), (3, 1, 1), (3, 3, 1), (2, 1, 3)])
+def test_rollback_matches_plain_feeding(
+    tiny_qwen3_5: Path, k: int, drafts_right: int, batch: int
+) -> None:
+    """After a round whose drafts are partly rejected, the sequence's cache (taken out of the
+    batch) equals the cache of plain one-by-one feeding of the emitted tokens."""
     loaded = load_model(tiny_qwen3_5)
     model = loaded.model
     head = build_head(model, loaded.info)
@@ -73,33 +94,30 @@ def test_rollback_matches_plain_feeding(tiny_qwen3_5: Path, k: int, drafts_right
         truth.append(
             int(mx.argmax(model(mx.array([[truth[-1]]]), cache=plain_cache)[0, -1]).item())
         )
-
-    cache = model.make_cache()
-    model(prompt, cache=cache)
-    seq = DecodeSequence(1, GenerationRequest([1], 8), cache, [1, x], x, greedy)
-    decoder = MTPDecoder(model, head, num_speculative_tokens=k, auto_off=False)
-    spec = _Spec(seq, head.make_cache(), KeyStream(None), "greedy")
-    decoder._round(spec)  # round 1: no drafts yet
-    assert seq.tokens[-1] == truth[1]
     forced = [truth[2 + i] + (0 if i < drafts_right else 1) for i in range(k)]
-    real_draft = head.draft
-
-    def steered(tokens, hidden, mtp_cache):
-        h, lg = real_draft(tokens, hidden, mtp_cache)
-        step = steered.calls
-        steered.calls += 1
-        return h, mx.zeros(lg.shape).at[..., forced[step]].add(10.0)
-
-    steered.calls = 0
-    head.draft = steered  # this instance only
-    decoder._round(spec)
-    emitted = seq.tokens[3:]
+    decoder = MTPDecoder(model, _Steered(head, []), num_speculative_tokens=k, auto_off=False)
+    seqs = []
+    for uid in range(batch):  # other rows (shorter prompts) share the batch
+        cache = model.make_cache()
+        model(prompt[:, : prompt.shape[1] - uid], cache=cache)
+        tokens = [1] * (prompt.shape[1] - uid) + [x]
+        seqs.append(DecodeSequence(uid, GenerationRequest([1], 8), cache, tokens, x, greedy))
+    decoder.head = _Steered(head, list(forced))  # row 0 primes first: its drafts are forced
+    for seq in seqs:
+        decoder.add(seq)
+    decoder.step()  # prime: one plain token each, drafts for round 2
+    assert seqs[0].tokens[-1] == truth[1]
+    decoder.step()  # the round: verify, accept, roll back
+    seq = seqs[0]
+    emitted = seq.tokens[prompt.shape[1] + 2 :]
     assert emitted == truth[2 : 2 + drafts_right + 1]
+    own = decoder.remove(0)
+    assert own is not None and own.length == len(seq.tokens) - 1
 
     reference = model.make_cache()
     model(prompt, cache=reference)
-    model(mx.array([seq.tokens[1:-1]]), cache=reference)
-    for mine, theirs in zip(_state(cache), _state(reference), strict=True):
+    model(mx.array([seq.tokens[prompt.shape[1] : -1]]), cache=reference)
+    for mine, theirs in zip(_state(own.cache), _state(reference), strict=True):
         assert mine[0] == theirs[0]
         if mine[0] == "arrays":
             for a, b in zip(mine[1], theirs[1], strict=True):

@@ -183,7 +183,7 @@ def _build_into(
     logger.info("building test model %s/%s seed=%d in %s", spec.arch, size, seed, folder)
 
     ids = _write_tokenizer(spec.tokenizer, folder)
-    (folder / "chat_template.jinja").write_text(_asset_text("chat-templates", spec.chat_template))
+    (folder / "chat_template.jinja").write_text(asset_text("chat-templates", spec.chat_template))
 
     fields = {**spec.sizes[size], **overrides}
     fields.setdefault("vocab_size", ids.vocab_len)
@@ -236,7 +236,7 @@ def _write_tokenizer(family: TokenizerFamily, folder: Path) -> TokenIds:
     """Copy the family's tokenizer into ``folder`` (adding its special tokens); return ids."""
     from tokenizers import AddedToken, Tokenizer
 
-    tokenizer_json = _asset_text(family.asset_dir, "tokenizer.json")
+    tokenizer_json = asset_text(family.asset_dir, "tokenizer.json")
     tokenizer = Tokenizer.from_str(tokenizer_json)
     new_tokens = [t for t in family.added_special_tokens if tokenizer.token_to_id(t) is None]
     if new_tokens:
@@ -246,7 +246,7 @@ def _write_tokenizer(family: TokenizerFamily, folder: Path) -> TokenIds:
         tokenizer_json = tokenizer.to_str(pretty=True)
     (folder / "tokenizer.json").write_text(tokenizer_json, encoding="utf-8")
 
-    tokenizer_config = json.loads(_asset_text(family.asset_dir, "tokenizer_config.json"))
+    tokenizer_config = json.loads(asset_text(family.asset_dir, "tokenizer_config.json"))
     tokenizer_config.pop("chat_template", None)  # the template is chat_template.jinja
     decoder = tokenizer_config.setdefault("added_tokens_decoder", {})
     for token in new_tokens:
@@ -279,7 +279,7 @@ def _write_tokenizer(family: TokenizerFamily, folder: Path) -> TokenIds:
     )
 
 
-def _asset_text(folder: str, name: str) -> str:
+def asset_text(folder: str, name: str) -> str:
     """Read ``assets/<folder>/<name>``, or its ``.xz``-compressed copy."""
     base = resources.files("mlxcore.testing").joinpath("assets", folder)
     plain = base.joinpath(name)

@@ -1,23 +1,27 @@
-"""The MTP speculative decoder: draft with the head, verify in one pass, roll back exactly.
+"""The MTP speculative decoder: draft with the head, verify a whole batch in one pass.
 
 Design (measured and documented in docs/plugins/qwen35-mtp.md):
 
-* Speculation runs per sequence at batch size 1, so each sequence accepts its own
-  number of drafts. Sequences whose request says ``"speculative": false``, and every
-  sequence while the batch holds more than ``--speculative-disable-by-batch-size``
-  sequences, decode in the wrapped plain batched decoder. A sequence only ever moves from
-  speculation to plain decoding (its cache then holds every token but the pending one,
-  exactly what the plain decoder takes); never back.
-* One round for a sequence with pending token ``x`` (sampled, not yet fed): the head
-  drafts ``d1..dk`` from the main model's hidden states, the main model runs once over
-  ``[x, d1..dk]``, an acceptance rule (:mod:`.accept`) keeps ``d1..da`` and adds one target
-  token. Rejected positions are rolled back in every cache: trimmable KV caches are
-  trimmed; the GatedDeltaNet (``ArraysCache``) state, which cannot be trimmed, is restored
-  from a snapshot taken before verification and ``[x, d1..da]`` is replayed.
-* A sequence's first round drafts nothing (the head needs the main model's hidden state
-  at the last position, which prefill does not keep); it doubles as a measurement of the
-  plain per-token cost. After a few speculative rounds a sequence whose measured cost per
-  emitted token exceeds that plain cost is switched to plain decoding.
+* The speculating sequences form one batch, held in mlx-lm's batch caches as the plain
+  decoder holds its own (``BatchKVCache`` for attention, ``ArraysCache`` for the
+  GatedDeltaNet layers; the head has a ``BatchKVCache`` of its own). A round feeds every
+  row its pending token ``x`` and its ``k`` drafts, ``[x, d1..dk]``, in ONE forward pass
+  (:func:`~mlxcore_qwen35_mtp.verify.forward_verify`); an acceptance rule (:mod:`.accept`)
+  keeps ``d1..da`` of each row and adds one target token; each row is rolled back to its
+  own length without a replay (:func:`~mlxcore_qwen35_mtp.verify.rollback`). The head
+  then runs once over the verified positions of all rows and drafts the next round.
+* A joining sequence enters the batch at once, with no drafts for its first round
+  (prefill keeps no hidden state for the head): in that round its draft slots are padding,
+  rejected by construction, so it costs no extra forward pass.
+* Sequences whose request says ``"speculative": false``, every sequence while more than
+  ``--speculative-disable-by-batch-size`` run, and sequences the off-switch stopped decode
+  in the wrapped plain batched decoder. A sequence moves from speculation to plain
+  decoding only, never back.
+* Off-switch: the decoder measures what a plain step costs at the current batch size (a
+  round now and then that drafts nothing) and what a speculative round costs. A sequence
+  whose tokens per round stay below that cost ratio after a warm-up would decode faster
+  plainly, and is moved there; so is one that had no draft accepted in its first rounds.
+  Rows of the same batch with no accepted draft yet leave with it.
 """
 
 from __future__ import annotations
@@ -28,46 +32,64 @@ from typing import Any
 
 import attrs
 import mlx.core as mx
-from mlx_lm.models.cache import ArraysCache
+from mlx_lm.models.cache import ArraysCache, KVCache
 
 from mlxcore.builtin.decoder import PlainDecoder
 from mlxcore.engine.sampling import token_with_logprobs
 from mlxcore.engine.strategies import Decoder, DecodeSequence, SequenceCache, StepToken
-from mlxcore_qwen35_mtp.accept import KeyStream, decide, draft_token, normalize, rule_for
+from mlxcore_qwen35_mtp.accept import GREEDY, KeyStream, decide, draft_token, normalize, rule_for
 from mlxcore_qwen35_mtp.head import MTPHead
+from mlxcore_qwen35_mtp.verify import drop_kv, rollback
 
 log = logging.getLogger(__name__)
 
-WARMUP_ROUNDS = 6
-"""Speculative rounds a sequence runs before the off-switch judges it."""
+WARMUP_ROUNDS = 16
+"""Speculative rounds a sequence runs before the off-switch compares costs."""
+
+MARGIN = 0.9
+"""A sequence is switched off when its tokens per round fall below this share of the
+break-even (round cost / plain step cost): a noisy average near break-even keeps going."""
+
+HOPELESS_ROUNDS = 3
+"""Speculative rounds after which a sequence with no accepted draft at all is switched off."""
 
 EMA = 0.3
-"""Weight of the newest sample in the cost averages."""
+"""Weight of the newest sample in the averages."""
+
+PROBE_EVERY = 48
+"""Speculative rounds at one batch size between two plain (draft-free) timing rounds."""
 
 
 @attrs.define(eq=False)
 class _Spec:
-    """A sequence decoding speculatively, and its head state and counters."""
+    """A speculating sequence: its drafts for the next round, its random keys and counters."""
 
     seq: DecodeSequence
-    mtp_cache: list[Any]
     keys: KeyStream
     rule: str
-    feed_hidden: Any = None
-    """Main-model hidden states (1, m, H) the head has not seen yet (``None`` before round 1)."""
-    feed_tokens: list[int] = attrs.field(factory=list)
-    """The token following each position of ``feed_hidden`` (its last one is ``next_token``)."""
+    drafts: list[Any] = attrs.field(factory=list)
+    """Lazy (1,) token arrays: the drafts of the next round."""
+    draft_q: list[Any] = attrs.field(factory=list)
+    """For the rejection rule, the head's log-probabilities each draft was drawn from."""
     rounds: int = 0
+    """Rounds this sequence took part in (its prime step included)."""
+    spec_rounds: int = 0
+    """Rounds that verified drafts (the off-switch's warm-up counts these)."""
     drafted: int = 0
     accepted: int = 0
     emitted: int = 0
-    cost: float | None = None
-    """Average seconds per emitted token over the speculative rounds."""
+    spec_emitted: int = 0
+    """Tokens emitted by the rounds that verified drafts."""
+
+    @property
+    def per_round(self) -> float:
+        """Average tokens emitted per round that verified drafts."""
+        return self.spec_emitted / self.spec_rounds if self.spec_rounds else 0.0
 
 
 def cache_supported(cache: list[Any]) -> bool:
-    """True when every layer can be rolled back: trimmable, or an ``ArraysCache`` to snapshot."""
-    return all(isinstance(c, ArraysCache) or c.is_trimmable() for c in cache)
+    """True when every layer can join the batch and roll back per row (KV or arrays cache)."""
+    return all(type(c) in (KVCache, ArraysCache) for c in cache)
 
 
 class MTPDecoder(Decoder):
@@ -96,14 +118,20 @@ class MTPDecoder(Decoder):
         self.disable_by_batch_size = disable_by_batch_size
         self.auto_off = auto_off
         self.plain = PlainDecoder(model)
-        self.spec: list[_Spec] = []
-        self.plain_cost: float | None = None
-        """Average seconds of a round without drafts (one plain token at batch size 1)."""
+        self.rows: list[_Spec] = []
+        self.cache: list[Any] = []
+        self.mtp_cache: list[Any] = []
+        self.joining: list[DecodeSequence] = []
+        self.plain_cost: dict[int, float] = {}
+        """Seconds of a draft-free step, by batch size."""
+        self.round_cost: dict[int, float] = {}
+        """Seconds of a speculative round, by batch size."""
+        self._since_probe: dict[int, int] = {}
         self._totals = {"rounds": 0, "drafted": 0, "accepted": 0, "emitted": 0}
         self._moved = {"request": 0, "batch": 0, "slow": 0, "cache": 0}
 
     def __len__(self) -> int:
-        return len(self.spec) + len(self.plain)
+        return len(self.rows) + len(self.joining) + len(self.plain)
 
     # -- membership -----------------------------------------------------------
 
@@ -119,85 +147,194 @@ class MTPDecoder(Decoder):
             self._moved[reason] += 1
             self.plain.add(seq)
             return
-        params = seq.request.sampling
-        self.spec.append(
-            _Spec(seq, self.head.make_cache(), KeyStream(params.seed), rule_for(seq.sampler))
-        )
+        self.joining.append(seq)
 
     def remove(self, uid: int) -> SequenceCache | None:
-        for i, spec in enumerate(self.spec):
-            if spec.seq.uid == uid:
-                del self.spec[i]
-                return SequenceCache(spec.seq.cache, len(spec.seq.tokens) - 1)
+        for i, seq in enumerate(self.joining):
+            if seq.uid == uid:
+                del self.joining[i]
+                return SequenceCache(seq.cache, len(seq.tokens) - 1)
+        for i, row in enumerate(self.rows):
+            if row.seq.uid == uid:
+                return SequenceCache(self._take(i), len(row.seq.tokens) - 1)
         return self.plain.remove(uid)
 
-    def _to_plain(self, spec: _Spec, reason: str) -> None:
+    def _take(self, idx: int) -> list[Any]:
+        """Take row ``idx`` out of the batch; return its own main-model cache."""
+        own = [layer.extract(idx) for layer in self.cache]
+        del self.rows[idx]
+        keep = [i for i in range(len(self.rows) + 1) if i != idx]
+        if self.rows:
+            for layer in (*self.cache, *self.mtp_cache):
+                layer.filter(keep)
+        else:
+            self.cache, self.mtp_cache = [], []
+        return own
+
+    def _to_plain(self, row: _Spec, reason: str) -> None:
         """Hand a speculating sequence to the plain decoder (for good)."""
-        self.spec.remove(spec)
+        row.seq.cache = self._take(self.rows.index(row))
         self._moved[reason] += 1
-        spec.seq.usage["speculative_switched_off"] = reason
-        self.plain.add(spec.seq)
+        row.seq.usage["speculative_switched_off"] = reason
+        self.plain.add(row.seq)
+
+    def _join(self, row: _Spec, mtp_cache: list[Any]) -> None:
+        """Merge a primed sequence's caches into the batch."""
+        for mine, theirs in ((self.cache, row.seq.cache), (self.mtp_cache, mtp_cache)):
+            merged = [layer.merge([layer]) for layer in theirs]
+            if mine:
+                for batch_layer, new in zip(mine, merged, strict=True):
+                    batch_layer.extend(new)
+            else:
+                mine.extend(merged)
+        row.seq.cache = []  # the batch cache owns the state now
+        self.rows.append(row)
 
     # -- stepping -------------------------------------------------------------
 
     def step(self) -> dict[int, list[StepToken]]:
-        if self.spec and len(self) > self.disable_by_batch_size:
-            for spec in list(self.spec):
-                self._to_plain(spec, "batch")
+        if (self.rows or self.joining) and len(self) > self.disable_by_batch_size:
+            for row in list(self.rows):
+                self._to_plain(row, "batch")
+            for seq in self.joining:
+                self._moved["batch"] += 1
+                seq.usage["speculative_switched_off"] = "batch"
+                self.plain.add(seq)
+            self.joining = []
+        joining, self.joining = self.joining, []
+        for seq in joining:
+            row = _Spec(seq, KeyStream(seq.request.sampling.seed), rule_for(seq.sampler))
+            self._join(row, self.head.make_cache())
         out: dict[int, list[StepToken]] = {}
-        for spec in list(self.spec):
-            out[spec.seq.uid] = self._round(spec)
-            if self._too_slow(spec):
-                self._to_plain(spec, "slow")
-        out.update(self.plain.step())
-        return out
-
-    def _too_slow(self, spec: _Spec) -> bool:
-        if not self.auto_off or spec.rounds < WARMUP_ROUNDS + 1 or self.plain_cost is None:
-            return False
-        return spec.cost is not None and spec.cost > self.plain_cost
-
-    def _round(self, spec: _Spec) -> list[StepToken]:
-        """Draft, verify, accept, roll back: one main-model pass (plus a replay on rejection)."""
+        if self.rows:
+            out.update(self._round())
+            slow = [row for row in self.rows if self._too_slow(row)]
+            if slow:  # rows that never had a draft accepted leave with them
+                slow += [
+                    r for r in self.rows if r not in slow and r.spec_rounds > 1 and not r.accepted
+                ]
+            for row in slow:
+                self._to_plain(row, "slow")
+        timed = not self.rows and len(self.plain) > 0
         started = time.perf_counter()
-        seq = spec.seq
-        params = seq.request.sampling
-        k = self.k if spec.feed_hidden is not None else 0
-        drafts: list[Any] = []
-        draft_q: list[Any] = []
-        if k:
-            fed = mx.array([spec.feed_tokens])
-            h, logits = self.head.draft(fed, spec.feed_hidden, spec.mtp_cache)
-            logits = logits[:, -1]
-            for j in range(k):
-                token, q = draft_token(spec.rule, params, logits, spec.keys)
-                drafts.append(token)
-                draft_q.append(q)
-                if j + 1 < k:
-                    h, logits = self.head.draft(token[None], h, spec.mtp_cache)
-                    logits = logits[:, -1]
-            if k > 1:  # the chained positions used the head's own hidden states: drop them
-                for c in spec.mtp_cache:
-                    c.trim(k - 1)
-        draft_tokens = mx.concatenate(drafts) if drafts else mx.array([], dtype=mx.int32)
-        inputs = mx.concatenate(
-            [mx.array([seq.next_token], dtype=draft_tokens.dtype), draft_tokens]
-        )
-        snapshot = [list(c.cache) if isinstance(c, ArraysCache) else None for c in seq.cache]
-        hidden, logits = self.head.forward_main(inputs[None], seq.cache)
-        target = normalize(self._process(seq, logits[0], draft_tokens))
-        mx.eval(draft_tokens, target, hidden)
-        draft_list: list[int] = draft_tokens.tolist()  # type: ignore[assignment]
-        emitted = decide(spec.rule, params, seq.sampler, target, draft_list, draft_q, spec.keys)
-        accepted = len(emitted) - 1
-        spec.feed_hidden = self._rollback(seq, snapshot, inputs, hidden, accepted, k)
-        spec.feed_tokens = list(emitted)
-        seq.tokens.extend(emitted)
-        seq.next_token = emitted[-1]
-        out = self._report(seq, emitted, target)
-        mx.async_eval(spec.feed_hidden)
-        self._account(spec, k, accepted, len(emitted), time.perf_counter() - started)
+        out.update(self.plain.step())
+        if timed:
+            self._note(self.plain_cost, len(self.plain), time.perf_counter() - started)
         return out
+
+    def _too_slow(self, row: _Spec) -> bool:
+        if not self.auto_off:
+            return False
+        if row.spec_rounds >= HOPELESS_ROUNDS and not row.accepted:
+            return True
+        if row.spec_rounds < WARMUP_ROUNDS:
+            return False
+        size = len(self.rows)
+        plain = self.plain_cost.get(size)
+        spec = self.round_cost.get(size)
+        if plain is None or spec is None:
+            return False
+        return row.per_round < MARGIN * spec / plain
+
+    @staticmethod
+    def _note(costs: dict[int, float], size: int, seconds: float) -> None:
+        prev = costs.get(size)
+        costs[size] = seconds if prev is None else (1 - EMA) * prev + EMA * seconds
+
+    def _round(self) -> dict[int, list[StepToken]]:
+        """Verify every row's drafts in one pass, accept, roll back, draft the next round."""
+        started = time.perf_counter()
+        rows = self.rows
+        size = len(rows)
+        since = self._since_probe.get(size, PROBE_EVERY)
+        probe = self.auto_off and since >= PROBE_EVERY
+        self._since_probe[size] = 0 if probe else since + 1
+        k = 0 if probe else self.k
+        pending = mx.array([[row.seq.next_token] for row in rows], dtype=mx.int32)
+        # a row that just joined has no drafts yet: its slots are padding (the pending token)
+        ks = [k if row.drafts else 0 for row in rows]
+        if k:
+            drafts = mx.stack(
+                [
+                    mx.concatenate(row.drafts).astype(mx.int32)
+                    if row.drafts
+                    else mx.repeat(pending[b], k)
+                    for b, row in enumerate(rows)
+                ]
+            )
+        else:
+            drafts = mx.zeros((size, 0), dtype=mx.int32)
+        inputs = mx.concatenate([pending, drafts], axis=1)
+        hidden, logits, recurrent = self.head.verify(inputs, self.cache)
+        targets = [
+            normalize(self._process(row.seq, logits[b, : ks[b] + 1], drafts[b]))
+            for b, row in enumerate(rows)
+        ]
+        mx.eval(targets)
+        draft_lists: list[list[int]] = drafts.tolist()  # type: ignore[assignment]
+        emitted = [
+            decide(
+                row.rule,
+                row.seq.request.sampling,
+                row.seq.sampler,
+                targets[b],
+                draft_lists[b][: ks[b]],
+                row.draft_q[: ks[b]],
+                row.keys,
+            )
+            for b, row in enumerate(rows)
+        ]
+        if probe:
+            self._note(self.plain_cost, size, time.perf_counter() - started)
+        kept = [len(e) for e in emitted]
+        rollback(self.cache, recurrent, kept, k + 1)
+        # the head sees every verified position with the token that followed it; rows
+        # keep only their accepted ones (the rest is padding, dropped right after)
+        following = [e + [e[-1]] * (k + 1 - len(e)) for e in emitted]
+        h, head_logits = self.head.draft(
+            mx.array(following), hidden, self.mtp_cache, mx.array([n - 1 for n in kept])
+        )
+        rollback(self.mtp_cache, [None] * len(self.mtp_cache), kept, k + 1)
+        self._draft(rows, h, head_logits, self.mtp_cache)
+        out: dict[int, list[StepToken]] = {}
+        for b, row in enumerate(rows):
+            row.seq.tokens.extend(emitted[b])
+            row.seq.next_token = emitted[b][-1]
+            out[row.seq.uid] = self._report(row.seq, emitted[b], targets[b])
+        mx.eval([d for row in rows for d in row.drafts])
+        if not probe:
+            self._note(self.round_cost, size, time.perf_counter() - started)
+        for b, (row, tokens) in enumerate(zip(rows, emitted, strict=True)):
+            self._account(row, ks[b], len(tokens))
+        return out
+
+    def _draft(self, rows: list[_Spec], h: Any, logits: Any, cache: list[Any]) -> None:
+        """Draft ``k`` tokens per row from the head's first logits (B, 1, V), chaining."""
+        for row in rows:
+            row.drafts, row.draft_q = [], []
+        for j in range(self.k):
+            if all(row.rule == GREEDY for row in rows):
+                tokens = mx.argmax(logits[:, -1], axis=-1)
+                for b, row in enumerate(rows):
+                    row.drafts.append(tokens[b : b + 1])
+            else:
+                picked = []
+                for b, row in enumerate(rows):
+                    token, q = draft_token(
+                        row.rule, row.seq.request.sampling, logits[b, -1:], row.keys
+                    )
+                    row.drafts.append(token)
+                    row.draft_q.append(q)
+                    picked.append(token)
+                tokens = mx.concatenate(picked)
+            if j + 1 < self.k:
+                h, logits = self.head.draft(tokens[:, None], h, cache)
+        if self.k > 1:  # the chained positions used the head's own hidden states: drop them
+            for layer in cache:
+                if isinstance(layer, KVCache):
+                    layer.trim(self.k - 1)
+                else:
+                    drop_kv(layer, [self.k - 1] * len(rows))
 
     def _process(self, seq: DecodeSequence, rows: Any, drafts: Any) -> Any:
         """Apply the sequence's logits processors to each verified row, with its own context."""
@@ -213,31 +350,6 @@ class MTPDecoder(Decoder):
             out.append(row)
         return mx.concatenate(out, axis=0)
 
-    def _rollback(
-        self,
-        seq: DecodeSequence,
-        snapshot: list[Any],
-        inputs: Any,
-        hidden: Any,
-        accepted: int,
-        k: int,
-    ) -> Any:
-        """Make ``seq.cache`` hold exactly ``[.., x, d1..da]``; return their hidden states."""
-        if accepted == k:
-            return hidden
-        rejected = k - accepted
-        if all(s is None for s in snapshot):
-            for c in seq.cache:
-                c.trim(rejected)
-            return hidden[:, : accepted + 1]
-        for c, saved in zip(seq.cache, snapshot, strict=True):
-            if saved is None:
-                c.trim(k + 1)
-            else:
-                c.cache = saved
-        replay, _ = self.head.forward_main(inputs[None, : accepted + 1], seq.cache)
-        return replay
-
     def _report(self, seq: DecodeSequence, emitted: list[int], target: Any) -> list[StepToken]:
         sampling = seq.request.sampling
         if not sampling.logprobs:
@@ -246,26 +358,24 @@ class MTPDecoder(Decoder):
             token_with_logprobs(t, target[i], sampling.top_logprobs) for i, t in enumerate(emitted)
         ]
 
-    def _account(self, spec: _Spec, k: int, accepted: int, emitted: int, seconds: float) -> None:
-        """Update the sequence's usage, the totals and the cost estimates."""
-        spec.rounds += 1
+    def _account(self, row: _Spec, k: int, emitted: int) -> None:
+        """Update the sequence's usage and the totals."""
+        accepted = emitted - 1
+        row.rounds += 1
+        if k:
+            row.spec_rounds += 1
+            row.spec_emitted += emitted
+        row.drafted += k
+        row.accepted += accepted
+        row.emitted += emitted
         self._totals["rounds"] += 1
-        if k == 0:
-            prev = self.plain_cost
-            self.plain_cost = seconds if prev is None else (1 - EMA) * prev + EMA * seconds
-        else:
-            per_token = seconds / emitted
-            spec.cost = per_token if spec.cost is None else (1 - EMA) * spec.cost + EMA * per_token
-        spec.drafted += k
-        spec.accepted += accepted
-        spec.emitted += emitted
         self._totals["drafted"] += k
         self._totals["accepted"] += accepted
         self._totals["emitted"] += emitted
-        usage = spec.seq.usage
-        acceptance = spec.accepted / spec.drafted if spec.drafted else 0.0
+        usage = row.seq.usage
+        acceptance = row.accepted / row.drafted if row.drafted else 0.0
         usage["speculative_acceptance"] = round(acceptance, 4)
-        usage["speculative_tokens_per_step"] = round(spec.emitted / spec.rounds, 4)
+        usage["speculative_tokens_per_step"] = round(row.emitted / row.rounds, 4)
 
     def stats(self) -> dict[str, float]:
         """Totals for /metrics: rounds, drafts, acceptance, tokens per step, fallbacks."""
@@ -274,5 +384,5 @@ class MTPDecoder(Decoder):
         out["speculative_acceptance"] = t["accepted"] / t["drafted"] if t["drafted"] else 0.0
         out["speculative_tokens_per_step"] = t["emitted"] / t["rounds"] if t["rounds"] else 0.0
         out.update({f"speculative_plain_{k}": float(v) for k, v in self._moved.items()})
-        out["speculative_active"] = float(len(self.spec))
+        out["speculative_active"] = float(len(self.rows))
         return out

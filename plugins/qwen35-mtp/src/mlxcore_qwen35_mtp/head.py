@@ -24,6 +24,7 @@ from mlx_lm.models.cache import KVCache
 
 from mlxcore.model_info import ModelInfo
 from mlxcore.models import ModelLoadError
+from mlxcore_qwen35_mtp.verify import RecurrentStates, forward_verify
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +65,8 @@ class MTPModule(nn.Module):
                 raise ModelLoadError("the MTP decoder layer must be a full-attention layer")
         self.norm = nn.RMSNorm(hidden, eps=args.rms_norm_eps)
 
-    def __call__(self, embeddings: mx.array, hidden: mx.array, cache: list[KVCache]) -> mx.array:
-        """Hidden states (1, T, H) for T (next-token embedding, main hidden state) pairs."""
+    def __call__(self, embeddings: mx.array, hidden: mx.array, cache: list[Any]) -> mx.array:
+        """Hidden states (B, T, H) for T (next-token embedding, main hidden state) pairs."""
         h = mx.concatenate(
             [self.pre_fc_norm_embedding(embeddings), self.pre_fc_norm_hidden(hidden)], axis=-1
         )
@@ -104,19 +105,36 @@ class MTPHead:
         return [KVCache() for _ in self.module.layers]
 
     def forward_main(self, tokens: mx.array, cache: list[Any]) -> tuple[mx.array, mx.array]:
-        """Run the main model on ``tokens`` (1, T): (hidden (1, T, H), logits (1, T, V))."""
+        """Run the main model on ``tokens`` (B, T): (hidden (B, T, H), logits (B, T, V))."""
         hidden = self.trunk(tokens, cache)
         return hidden, self.project(hidden)
 
-    def draft(
-        self, tokens: mx.array, hidden: mx.array, cache: list[KVCache]
-    ) -> tuple[mx.array, mx.array]:
-        """Run the head over (tokens (1, T), main hidden (1, T, H)).
+    def verify(
+        self, tokens: mx.array, cache: list[Any]
+    ) -> tuple[mx.array, mx.array, list[RecurrentStates | None]]:
+        """Run the main model on ``tokens`` (B, T), keeping per-position recurrent states.
 
-        Returns its hidden state at the last position (1, 1, H) and the logits there
-        (1, 1, V): only the last position drafts, so only it pays the vocabulary projection.
+        Returns hidden states (B, T, H), logits (B, T, V) and, per layer, the states that
+        :func:`~mlxcore_qwen35_mtp.verify.rollback` selects from.
         """
-        h = self.module(self.embed(tokens), hidden, cache)[:, -1:]
+        hidden, recurrent = forward_verify(self.trunk, tokens, cache)
+        return hidden, self.project(hidden), recurrent
+
+    def draft(
+        self,
+        tokens: mx.array,
+        hidden: mx.array,
+        cache: list[Any],
+        last: mx.array | None = None,
+    ) -> tuple[mx.array, mx.array]:
+        """Run the head over (tokens (B, T), main hidden (B, T, H)).
+
+        Returns its hidden state at position ``last[b]`` of each row (the last position
+        when ``None``), (B, 1, H), and the logits there (B, 1, V): only that position
+        drafts, so only it pays the vocabulary projection.
+        """
+        h = self.module(self.embed(tokens), hidden, cache)
+        h = h[:, -1:] if last is None else mx.take_along_axis(h, last[:, None, None], axis=1)
         return h, self.project(h)
 
 
