@@ -256,3 +256,58 @@ def test_greedy_identical_batch_of_eight(rt: Runtime) -> None:
     results = run_many(rt, [GenerationRequest(p, 16) for p in prompts])
     for prompt, (tokens, _) in zip(prompts, results, strict=True):
         assert tokens == reference(rt, prompt, 16)
+
+
+#: The issue's 20 prompts: PROMPTS plus sixteen more, varied in length and content.
+TWENTY = [
+    *PROMPTS,
+    "1, 2, 3, 4,",
+    "The meaning of life is",
+    "Roses are red",
+    "In the beginning",
+    "import numpy as np\n",
+    "Dear Sir or Madam,",
+    "The mitochondria is",
+    "SELECT * FROM users WHERE",
+    "A long time ago, in a galaxy",
+    "To be or not to be",
+    "Knock knock.",
+    "Water boils at",
+    "<html><body>",
+    "The recipe needs three eggs, two cups of flour and",
+    "Q: What is 7 times 8?\nA:",
+    "Translate to French: good morning",
+]
+
+
+def test_twenty_prompts_alone_batched_and_cached(tiny_qwen3_5: Path) -> None:
+    """Greedy output with MTP on equals mlx-lm's for 20 prompts: one at a time, in
+    batches of 8 that all speculate together (one verification pass per round, per-row
+    rollback: the random head's drafts are rejected nearly every round), and as
+    follow-ups whose prompt starts with a cached prefix."""
+    runtime = make_runtime(
+        tiny_qwen3_5,
+        num_speculative_tokens=2,
+        mtp_auto_off=False,
+        speculative_disable_by_batch_size=8,
+    )
+    try:
+        prompts = [ids(runtime, t) for t in TWENTY]
+        expected = [reference(runtime, p, 12) for p in prompts]
+        for prompt, want in zip(prompts, expected, strict=True):
+            tokens, finish = run(runtime, GenerationRequest(prompt, 12))
+            assert tokens == want
+            assert "speculative_acceptance" in finish.usage.extra  # it did speculate
+        for start in range(0, len(prompts), 8):
+            group = prompts[start : start + 8]
+            results = run_many(runtime, [GenerationRequest(p, 12) for p in group])
+            for (tokens, finish), want in zip(results, expected[start : start + 8], strict=True):
+                assert tokens == want
+                assert "speculative_switched_off" not in finish.usage.extra
+        for prompt, first in zip(prompts, expected, strict=True):
+            longer = prompt + first + ids(runtime, " Next:")
+            tokens, finish = run(runtime, GenerationRequest(longer, 12))
+            assert tokens == reference(runtime, longer, 12)
+            assert finish.usage.cached_tokens > 0
+    finally:
+        runtime.engine.shutdown()
