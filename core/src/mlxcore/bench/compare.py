@@ -5,8 +5,10 @@ flags; the same server also serves requests whose body carries extra fields that
 feature off for that request (``{"speculative": false}``,
 ``{"specprefill": {"enabled": false}}``). This mode sends both kinds of request, alternating,
 at every concurrency level, and reports decode tok/s, aggregate tok/s and time to first
-token of each side and their ratios. Both sides share the model, the process and the
-machine's load at the moment, so the ratio is the feature's effect.
+token of each side and their ratios: the median of the per-repeat ratios (the on and off
+runs of a repeat run back to back, so a swing in the machine's load between repeats
+cancels out) and the ratio of the two sides' medians. Both sides share the model, the
+process and the machine's load at the moment, so the ratio is the feature's effect.
 
 With ``--prompt-tokens N`` every request gets a new prompt of about N tokens that nothing
 served before shares (a fresh seed word at its start), so TTFT is a cold prefill each time;
@@ -201,6 +203,7 @@ async def _compare(
                 "on": on,
                 "off": off,
                 "ratios": {
+                    **_paired(reps[(n, "on")], reps[(n, "off")]),
                     "decode_on_vs_off": _round(
                         ratio(on["stream_decode_tok_s_median"], off["stream_decode_tok_s_median"])
                     ),
@@ -212,6 +215,25 @@ async def _compare(
             }
         )
     return rows
+
+
+def _paired(on: list[dict[str, Any]], off: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Medians of the per-repeat ratios: the on and off runs of one repeat ran back to
+    back, so a load swing between repeats cancels out in their ratio (the headline)."""
+
+    def med(key: str, flip: bool = False) -> float | None:
+        ratios = []
+        for a, b in zip(on, off, strict=True):
+            x, y = (b[key], a[key]) if flip else (a[key], b[key])
+            if x > 0 and y > 0:
+                ratios.append(x / y)
+        return round(statistics.median(ratios), 3) if ratios else None
+
+    return {
+        "decode_paired": med("stream_decode_tok_s_median"),
+        "aggregate_paired": med("aggregate_tok_s"),
+        "ttft_off_vs_on_paired": med("ttft_median_s", flip=True),
+    }
 
 
 def _round(value: float | None) -> float | None:
@@ -295,8 +317,12 @@ def format_compare(result: dict[str, Any]) -> str:
             )
         r = row["ratios"]
         lines.append(
-            f"{'':>4}  on/off: decode {_x(r['decode_on_vs_off'])}, aggregate "
-            f"{_x(r['aggregate_on_vs_off'])}; TTFT off/on {_x(r['ttft_off_vs_on'])}"
+            f"{'':>4}  on/off, median of per-repeat ratios: decode {_x(r['decode_paired'])}, "
+            f"aggregate {_x(r['aggregate_paired'])}; TTFT off/on {_x(r['ttft_off_vs_on_paired'])}"
+        )
+        lines.append(
+            f"{'':>4}  on/off, ratio of medians:            decode {_x(r['decode_on_vs_off'])}, "
+            f"aggregate {_x(r['aggregate_on_vs_off'])}; TTFT off/on {_x(r['ttft_off_vs_on'])}"
         )
     return "\n".join(lines)
 
