@@ -79,9 +79,31 @@ def build_gpt_oss(folder: Path, tokenizer_from: Path, seed: int = 0) -> Path:
 
 def build_nemotron_h(folder: Path, tokenizer_from: Path, seed: int = 0) -> Path:
     """A tiny seeded Nemotron-H model (Mamba-2, attention without RoPE, MLP blocks)."""
-    config = {
+    return build_model_folder(folder, tokenizer_from, _nemotron_h_config(["M", "*", "-"]), seed)
+
+
+def build_nemotron_h_moe(folder: Path, tokenizer_from: Path, seed: int = 0) -> Path:
+    """A tiny seeded Nemotron-H model with two Mamba-2 blocks and a routed MoE block
+    (4 experts, 2 per token, one shared expert)."""
+    config = _nemotron_h_config(["M", "*", "M", "E"])
+    config.update(
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        moe_shared_expert_intermediate_size=32,
+        n_shared_experts=1,
+        n_group=1,
+        topk_group=1,
+        norm_topk_prob=True,
+        routed_scaling_factor=1.0,
+    )
+    return build_model_folder(folder, tokenizer_from, config, seed)
+
+
+def _nemotron_h_config(pattern: list[str]) -> dict[str, Any]:
+    return {
         "model_type": "nemotron_h",
-        "hybrid_override_pattern": ["M", "*", "-"],
+        "hybrid_override_pattern": pattern,
         "hidden_size": 64,
         "intermediate_size": 128,
         "max_position_embeddings": 4096,
@@ -100,7 +122,6 @@ def build_nemotron_h(folder: Path, tokenizer_from: Path, seed: int = 0) -> Path:
         "use_bias": False,
         "use_conv_bias": True,
     }
-    return build_model_folder(folder, tokenizer_from, config, seed)
 
 
 def build_model_folder(

@@ -1,5 +1,6 @@
 """SpecPrefill's sparse prefill on real tiny models: keep 1.0 is exact, kept tokens sit
-at their original positions, decoding continues at the full length, prefix reuse."""
+at their original positions, decoding continues at the full length, prefix reuse; a
+position-free Nemotron-H target is its own forward pass over the kept tokens."""
 
 from __future__ import annotations
 
@@ -9,20 +10,29 @@ from typing import Any
 
 import attrs
 import mlx.core as mx
+import mlx.nn as nn
 import pytest
 from mlx_lm import load
 from mlx_lm.models.cache import make_prompt_cache
-from sp_helpers import build_nemotron_h, drive, masked_reference, prompt_ids
+from sp_helpers import drive, masked_reference, prompt_ids
 
 from mlxcore.builtin.strategies import ChunkedPrefill
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.strategies import PrefillTask
 from mlxcore_specprefill.options import Settings
-from mlxcore_specprefill.scoring import score_tokens, select_chunks, uniform_chunks
+from mlxcore_specprefill.scoring import (
+    argmax_token,
+    score_tokens,
+    select_chunks,
+    uniform_chunks,
+)
+from mlxcore_specprefill.sequential import SequentialStack, detect_target, probe_target
 from mlxcore_specprefill.stack import TextStack, Unsupported, detect, probe
 from mlxcore_specprefill.strategy import SpecPrefill
 
-ARCHS = ["llama", "qwen3", "qwen3_5", "gpt_oss"]
+ARCHS = ["llama", "qwen3", "qwen3_5", "gpt_oss", "nemotron_h"]
+DRAFT_ARCH = {"nemotron_h": "llama", "nemotron_h_moe": "llama"}
+"""Nemotron-H can be a target only; its tests use the test Llama (same tokenizer) as draft."""
 TOL = 2e-4
 
 
@@ -40,9 +50,9 @@ def make_strategy(
     loaded: Any, arch: str, target_overrides: dict[str, Any] | None = None, **settings: Any
 ) -> SpecPrefill:
     target, _ = loaded(arch, **(target_overrides or {}))
-    draft, _ = loaded(arch, seed=1)  # another model with the same tokenizer
+    draft, _ = loaded(DRAFT_ARCH.get(arch, arch), seed=1)  # same tokenizer, another model
     base = {"threshold": 16, "chunk": 16, "tail": 8, **settings}
-    return SpecPrefill(detect(target), detect(draft), Settings(**base), step_size=64)
+    return SpecPrefill(detect_target(target), detect(draft), Settings(**base), step_size=64)
 
 
 def request(n: int, salt: int = 0) -> GenerationRequest:
@@ -180,19 +190,67 @@ def test_error_falls_back_to_full_prefill(loaded: Any, caplog: pytest.LogCapture
     assert "falling back to chunked prefill" in caplog.text
 
 
-def test_unsupported_structure_is_refused_with_a_reason(
-    loaded: Any, mlxcore_model_factory: Any, tmp_path: Path
-) -> None:
+def test_unsupported_structure_is_refused_with_a_reason(loaded: Any) -> None:
     model, _ = loaded("gemma4_text")
     with pytest.raises(Unsupported, match="pre_feedforward_layernorm"):
-        detect(model)
-    nemotron, _ = load(str(build_nemotron_h(tmp_path / "nh", mlxcore_model_factory("llama"))))
+        detect_target(model)
+    nemotron, _ = loaded("nemotron_h")
     with pytest.raises(Unsupported, match="Nemotron-H"):
-        detect(nemotron)
+        detect(nemotron)  # no draft: its attention cannot be read through a TextStack
+    target = detect_target(nemotron)  # but a target: no positions anywhere
+    assert isinstance(target, SequentialStack)
+    assert target.kinds == ["recurrent", "attention", "feed-forward"]
+    probe_target(target)
     probe(detect(loaded("qwen3_5")[0]))  # supported ones pass the numeric self-check
     dynamic = {"rope_type": "dynamic", "factor": 2.0}
     with pytest.raises(Unsupported, match="composed forward"):
         probe(detect(loaded("llama", rope_scaling=dynamic)[0]))
+
+
+class _HiddenRoPEAttention(nn.Module):
+    """Nemotron-H's attention with RoPE applied by a bare ``mx.fast.rope`` call: no
+    module to see, so only the numeric order probe can tell."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__()
+        self.q_proj, self.k_proj = inner.q_proj, inner.k_proj
+        self.v_proj, self.o_proj = inner.v_proj, inner.o_proj
+        self.heads, self.kv_heads, self.scale = (
+            inner.num_heads,
+            inner.num_key_value_heads,
+            inner.scale,
+        )
+
+    def __call__(self, x: mx.array, mask: Any = None, cache: Any = None) -> mx.array:
+        B, L, _ = x.shape
+        offset = cache.offset if cache is not None else 0
+
+        def split(t: mx.array, heads: int) -> mx.array:
+            return t.reshape(B, L, heads, -1).transpose(0, 2, 1, 3)
+
+        q = split(self.q_proj(x), self.heads)
+        k, v = split(self.k_proj(x), self.kv_heads), split(self.v_proj(x), self.kv_heads)
+        q = mx.fast.rope(q, q.shape[-1], traditional=False, base=10000.0, scale=1.0, offset=offset)
+        k = mx.fast.rope(k, k.shape[-1], traditional=False, base=10000.0, scale=1.0, offset=offset)
+        if cache is not None:
+            k, v = cache.update_and_fetch(k, v)
+        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+
+def test_nemotron_h_with_positions_is_refused(nemotron_h_path: Path) -> None:
+    """A ``rope`` module on an attention mixer is refused by structure; a rotation
+    hidden in the mixer's code is caught by the order probe."""
+    model = load(str(nemotron_h_path))[0]  # a private copy: its blocks are edited
+    attn = model.layers[1].mixer
+    attn.rope = nn.RoPE(16)
+    with pytest.raises(Unsupported, match="rope"):
+        detect_target(model)
+    del attn["rope"]
+    model.layers[1].mixer = _HiddenRoPEAttention(attn)
+    stack = detect_target(model)
+    with pytest.raises(Unsupported, match="depends on token order"):
+        probe_target(stack)
 
 
 def test_select_chunks_keeps_head_tail_and_best() -> None:
@@ -252,3 +310,67 @@ def test_sliding_window_target_with_a_reused_prefix_falls_back(loaded: Any) -> N
     res = drive(sp.prefill(PrefillTask(req, cache, 120)))
     assert sp.counters.fallbacks == 1 and sp.counters.applications == 0
     assert res.usage == {} and mx.allclose(res.logits, ref.logits, atol=TOL).item()
+
+
+def _plain_logits(model: Any, tokens: list[int], cache: list[Any]) -> mx.array:
+    return model(mx.array([tokens], dtype=mx.int32), cache=cache)[0, -1]
+
+
+@pytest.mark.parametrize("arch", ["nemotron_h", "nemotron_h_moe"])
+def test_nemotron_h_sparse_prefill_is_its_forward_pass_over_the_kept_tokens(
+    loaded: Any, arch: str
+) -> None:
+    """No positions: the sparse prefill equals feeding exactly the kept tokens to the
+    model (in order), and decoding continues identically from both caches (MLP and
+    routed MoE feed-forward blocks)."""
+    model, _ = loaded(arch)
+    req = request(400, salt=11)
+    n = len(req.prompt_tokens)
+    sp = make_strategy(loaded, arch, keep=0.2)
+    cache = make_prompt_cache(model)
+    gen = sp.prefill(PrefillTask(req, cache))
+    progress: list[int] = []
+    while True:
+        try:
+            progress.append(next(gen))
+        except StopIteration as stop:
+            res = stop.value
+            break
+    kept = sp.last_kept
+    assert kept[0] == 0 and kept[-1] == n - 1 and len(kept) < n // 3
+    # the kept tokens went through the target in chunks of 64, yielding in between
+    assert [p for p in progress if p > 0] == [64, len(kept) - 1]
+    assert res.usage == {"prompt_tokens_total": n, "prompt_tokens_kept": len(kept)}
+    assert res.reusable is False
+    assert all(c.offset == len(kept) for c in cache if hasattr(c, "offset"))
+    ref_cache = make_prompt_cache(model)
+    ref = _plain_logits(model, [req.prompt_tokens[p] for p in kept], ref_cache)
+    assert mx.allclose(res.logits[0], ref, atol=TOL).item()
+    full = _plain_logits(model, list(req.prompt_tokens), make_prompt_cache(model))
+    assert not mx.allclose(res.logits[0], full, atol=1e-2).item()  # tokens were dropped
+    nxt = argmax_token(ref[None])
+    for _ in range(2):  # two decode steps from each cache
+        step = _plain_logits(model, [nxt], cache)
+        expected = _plain_logits(model, [nxt], ref_cache)
+        assert mx.allclose(step, expected, atol=TOL).item()
+        nxt = argmax_token(expected[None])
+
+
+def test_nemotron_h_prefix_reuse_appends_the_kept_new_tokens(loaded: Any) -> None:
+    model, _ = loaded("nemotron_h")
+    req = request(260, salt=12)
+    n, start = len(req.prompt_tokens), 100
+    cache = make_prompt_cache(model)
+    model(mx.array([req.prompt_tokens[:start]]), cache=cache)  # the reused prefix
+    sp = make_strategy(loaded, "nemotron_h", keep=0.25)
+    res = drive(sp.prefill(PrefillTask(req, cache, start=start)))
+    kept = sp.last_kept
+    assert kept[0] >= start and kept[-1] == n - 1 and len(kept) < (n - start) // 2
+    assert res.usage == {"prompt_tokens_total": n, "prompt_tokens_kept": start + len(kept)}
+    tokens = [*req.prompt_tokens[:start], *(req.prompt_tokens[p] for p in kept)]
+    ref_cache = make_prompt_cache(model)
+    ref = _plain_logits(model, tokens, ref_cache)
+    assert mx.allclose(res.logits[0], ref, atol=TOL).item()
+    nxt = argmax_token(ref[None])
+    step = _plain_logits(model, [nxt], cache)
+    assert mx.allclose(step, _plain_logits(model, [nxt], ref_cache), atol=TOL).item()

@@ -25,6 +25,7 @@ from mlxcore.engine.request import GenerationRequest
 from mlxcore.errors import UsageError
 from mlxcore.hooks import PluginHooks
 from mlxcore.plugins import PluginSelection, create_plugin_manager, load_plugins
+from mlxcore_specprefill.sequential import SequentialStack
 
 
 def hooks_with_plugin() -> PluginHooks:
@@ -191,6 +192,67 @@ def test_gpt_oss_through_the_engine(mlxcore_model_factory: Any, gpt_oss_path: Pa
         assert set(range(192, 200)) <= set(kept)  # the 8-token window at the end
     finally:
         rt.engine.shutdown()
+
+
+def _greedy(rt: Runtime, prompt: list[int], count: int) -> list[int]:
+    sampler = make_sampler(0.0)
+    steps = stream_generate(rt.model, rt.tokenizer, prompt, max_tokens=count, sampler=sampler)
+    return [r.token for r in steps]
+
+
+def test_nemotron_h_through_the_engine(mlxcore_model_factory: Any, nemotron_h_path: Path) -> None:
+    """Nemotron-H (Mamba-2, attention without RoPE) as target, the test Llama as draft:
+    keep 1 is mlx-lm's greedy output; a sparse prefill gives mlx-lm's greedy output for
+    exactly the kept tokens, reports them in ``usage`` and is not stored for reuse."""
+    rt = make_runtime(
+        nemotron_h_path,
+        specprefill_draft_model=str(mlxcore_model_factory("llama", seed=1)),
+        specprefill_threshold=64,
+        specprefill_chunk=16,
+    )
+    try:
+        sp = rt.engine.prefill
+        assert sp.name == "specprefill"
+        assert isinstance(sp.target, SequentialStack)  # type: ignore[attr-defined]
+        prompt = prompt_ids(200, salt=13)
+        whole = GenerationRequest(
+            prompt_tokens=prompt, max_tokens=6, options={"specprefill": {"keep": 1.0}}
+        )
+        tokens, finish = run(rt, whole)
+        assert finish.usage.extra == {"prompt_tokens_total": 200, "prompt_tokens_kept": 200}
+        assert tokens and tokens == _greedy(rt, list(prompt), 6)[: len(tokens)]
+        long = prompt_ids(240, salt=14)
+        tokens, finish = run(rt, GenerationRequest(prompt_tokens=long, max_tokens=6))
+        kept = sp.last_kept  # type: ignore[attr-defined]
+        assert finish.reason in ("length", "stop") and tokens
+        assert finish.usage.extra == {"prompt_tokens_total": 240, "prompt_tokens_kept": len(kept)}
+        assert len(kept) < 100 and kept[-1] == 239
+        plain = _greedy(rt, [long[p] for p in kept], 6)
+        assert tokens == plain[: len(tokens)]
+        assert rt.engine.stats()["prefill_specprefill_applications"] >= 2
+        # the sparse cache was not stored: a follow-up turn (prompt, answer, more) reuses
+        # nothing, while the same follow-up of a dense request reuses its stored state
+        # (recurrent caches are reused at exact stored boundaries only)
+        off = {"specprefill": {"enabled": False}}
+        extra = list(prompt_ids(20, salt=15))
+        _, after_sparse = run(
+            rt, GenerationRequest(prompt_tokens=(*long, *tokens, *extra), max_tokens=2, options=off)
+        )
+        assert after_sparse.usage.cached_tokens == 0 and after_sparse.usage.extra == {}
+        answer, _ = run(rt, GenerationRequest(prompt_tokens=long, max_tokens=6, options=off))
+        _, after_dense = run(
+            rt, GenerationRequest(prompt_tokens=(*long, *answer, *extra), max_tokens=2, options=off)
+        )
+        assert after_dense.usage.cached_tokens > len(long) // 2
+    finally:
+        rt.engine.shutdown()
+
+
+def test_nemotron_h_draft_is_refused(mlxcore_model_factory: Any, nemotron_h_path: Path) -> None:
+    """Scoring reads attention through the composed layers: a Nemotron-H draft stops
+    start-up with the reason (it can only be a target)."""
+    with pytest.raises(UsageError, match=r"cannot be used as a draft: .*a target only"):
+        make_runtime(mlxcore_model_factory("llama"), specprefill_draft_model=str(nemotron_h_path))
 
 
 def test_configure_requires_a_draft_and_valid_flags() -> None:

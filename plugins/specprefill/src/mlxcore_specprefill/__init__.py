@@ -6,9 +6,10 @@ with the same tokenizer scores how much each prompt token matters and the target
 prefilled with only the best chunks (``--specprefill-keep``) at their original
 positions. Supported targets (recognised by structure): Llama/Qwen3-style attention
 (GQA, q/k norms, rope scaling), Qwen3.5-style hybrids (GatedDeltaNet + gated
-attention) and GPT-OSS-style alternating sliding-window layers with attention sinks.
-Other targets (Gemma, Nemotron-H, ...) get normal chunked prefill, with the reason
-logged. See docs/plugins/specprefill.md.
+attention), GPT-OSS-style alternating sliding-window layers with attention sinks,
+and position-free Nemotron-H-style stacks (Mamba-2, attention without RoPE, MLP/MoE
+blocks; target only). Other targets (Gemma, ...) get normal chunked prefill, with the
+reason logged. See docs/plugins/specprefill.md.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from mlxcore.engine.strategies import PrefillStrategy
 from mlxcore.errors import UsageError
 from mlxcore.model_info import ModelInfo
 from mlxcore_specprefill.options import FLAGS, add_options, request_settings, server_settings
+from mlxcore_specprefill.sequential import detect_target, probe_target
 from mlxcore_specprefill.stack import Unsupported, detect, probe
 from mlxcore_specprefill.strategy import SpecPrefill
 
@@ -65,8 +67,8 @@ def mlxcore_prefill_strategy(
         log.warning("specprefill: no --specprefill-draft-model; using normal prefill")
         return None
     try:
-        target = detect(model)
-        probe(target)
+        target = detect_target(model)
+        probe_target(target)
     except Unsupported as exc:
         log.warning(
             "specprefill: target %s (%s) is not supported, using normal prefill: %s",

@@ -167,7 +167,8 @@ def detect(model: Any) -> TextStack:
     if embed is None or not layers:
         raise Unsupported(
             f"{type(model).__name__}: no model.embed_tokens and decoder layers found "
-            "(another layout, e.g. Nemotron-H's backbone of mixer blocks)"
+            "(another layout, e.g. Nemotron-H's backbone of mixer blocks: a target only, "
+            "never a draft)"
         )
     shapes: list[AttentionShape | None] = []
     for i, layer in enumerate(layers):

@@ -10,6 +10,9 @@ Every kept token is rotated at ``original position - S`` with ``S = N - C - K``
 depends only on query-key distances, which are therefore exactly those of the full
 prompt with decoding at position ``N + t``; and the cache stays a stock ``KVCache``
 that batches, trims and decodes at the speed of its ``C + K`` entries.
+
+A position-free target (:class:`~.sequential.SequentialStack`, Nemotron-H) needs none
+of this: its kept tokens simply go through its own forward pass, in order.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from mlxcore.builtin.strategies import ChunkedPrefill
 from mlxcore.engine.strategies import PrefillGenerator, PrefillResult, PrefillStrategy, PrefillTask
 from mlxcore_specprefill.options import Settings, request_settings
 from mlxcore_specprefill.scoring import score_tokens, select_chunks
+from mlxcore_specprefill.sequential import Target
 from mlxcore_specprefill.stack import TextStack, Unsupported
 
 log = logging.getLogger("mlxcore.plugins.specprefill")
@@ -48,7 +52,8 @@ class SpecPrefill(PrefillStrategy):
     """Attention-scored sparse prefill with a draft model.
 
     Args:
-        target: the target model's :class:`TextStack`.
+        target: the target model's :class:`TextStack`, or its
+            :class:`~.sequential.SequentialStack` when it has no positional encoding.
         draft: the draft model's :class:`TextStack` (same tokenizer).
         settings: server-wide defaults; requests override them.
         step_size: tokens per forward pass (draft prefill and target chunks).
@@ -57,7 +62,7 @@ class SpecPrefill(PrefillStrategy):
     name = "specprefill"
 
     def __init__(
-        self, target: TextStack, draft: TextStack, settings: Settings, step_size: int = 512
+        self, target: Target, draft: TextStack, settings: Settings, step_size: int = 512
     ) -> None:
         self.target = target
         self.draft = draft
