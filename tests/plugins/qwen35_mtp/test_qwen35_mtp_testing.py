@@ -93,5 +93,19 @@ def test_never_agreeing_head_is_switched_off(models: dict[str, Path]) -> None:
         _, finish = generate(rt, prompt, 40)
         assert finish.usage.extra["speculative_acceptance"] == 0.0
         assert finish.usage.extra.get("speculative_switched_off") == "slow"
+        # Two more such sequences start the cool-down: new sequences then start plain
+        # (no speculative round at all), except every 16th, which measures again.
+        for _ in range(2):
+            _, finish = generate(rt, prompt, 12)
+            assert finish.usage.extra.get("speculative_switched_off") == "slow"
+        assert rt.engine.decoder.stats()["speculative_cooldown"] == 1.0
+        rounds = rt.engine.decoder.stats()["speculative_rounds"]
+        speculated = []
+        for _ in range(16):
+            _, finish = generate(rt, prompt, 12)
+            assert finish.usage.extra.get("speculative_switched_off") == "slow"
+            speculated.append("speculative_acceptance" in finish.usage.extra)
+        assert speculated == [False] * 15 + [True]
+        assert rt.engine.decoder.stats()["speculative_rounds"] > rounds  # only the re-probe
     finally:
         rt.engine.shutdown()

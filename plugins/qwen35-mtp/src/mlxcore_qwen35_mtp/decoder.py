@@ -22,6 +22,11 @@ Design (measured and documented in docs/plugins/qwen35-mtp.md):
   whose tokens per round stay below that cost ratio after a warm-up would decode faster
   plainly, and is moved there; so is one that had no draft accepted in its first rounds.
   Rows of the same batch with no accepted draft yet leave with it.
+* Cool-down: after several sequences in a row were switched off as slow, the head is not
+  paying on this traffic, so new sequences start in the plain decoder (and pay nothing for
+  a probe, including the longer rounds that delay other requests' prefill); every
+  ``REPROBE_EVERY``-th new sequence speculates again, and one that keeps speculating with
+  accepted drafts ends the cool-down.
 """
 
 from __future__ import annotations
@@ -55,6 +60,12 @@ HOPELESS_ROUNDS = 3
 
 EMA = 0.3
 """Weight of the newest sample in the averages."""
+
+COOLDOWN_AFTER = 3
+"""Sequences switched off as slow in a row after which new sequences start plain."""
+
+REPROBE_EVERY = 16
+"""During a cool-down, every this-many-th new sequence speculates to measure again."""
 
 PROBE_EVERY = 48
 """Speculative rounds at one batch size between two plain (draft-free) timing rounds."""
@@ -129,6 +140,10 @@ class MTPDecoder(Decoder):
         self._since_probe: dict[int, int] = {}
         self._totals = {"rounds": 0, "drafted": 0, "accepted": 0, "emitted": 0}
         self._moved = {"request": 0, "batch": 0, "slow": 0, "cache": 0}
+        self._slow_streak = 0
+        """Sequences switched off as slow since the last one that speculated usefully."""
+        self._cooled = 0
+        """New sequences seen during the current cool-down."""
 
     def __len__(self) -> int:
         return len(self.rows) + len(self.joining) + len(self.plain)
@@ -143,11 +158,21 @@ class MTPDecoder(Decoder):
             reason = "batch"
         elif not cache_supported(seq.cache):
             reason = "cache"
+        elif self._cooling_down():
+            reason = "slow"
+            seq.usage["speculative_switched_off"] = "slow"
         if reason is not None:
             self._moved[reason] += 1
             self.plain.add(seq)
             return
         self.joining.append(seq)
+
+    def _cooling_down(self) -> bool:
+        """True when a new sequence should start plain (see the module's cool-down)."""
+        if not self.auto_off or self._slow_streak < COOLDOWN_AFTER:
+            return False
+        self._cooled += 1
+        return self._cooled % REPROBE_EVERY != 0
 
     def remove(self, uid: int) -> SequenceCache | None:
         for i, seq in enumerate(self.joining):
@@ -156,6 +181,8 @@ class MTPDecoder(Decoder):
                 return SequenceCache(seq.cache, len(seq.tokens) - 1)
         for i, row in enumerate(self.rows):
             if row.seq.uid == uid:
+                if row.accepted:  # finished speculating with drafts accepted: it pays
+                    self._slow_streak = self._cooled = 0
                 return SequenceCache(self._take(i), len(row.seq.tokens) - 1)
         return self.plain.remove(uid)
 
@@ -175,6 +202,8 @@ class MTPDecoder(Decoder):
         """Hand a speculating sequence to the plain decoder (for good)."""
         row.seq.cache = self._take(self.rows.index(row))
         self._moved[reason] += 1
+        if reason == "slow":
+            self._slow_streak += 1
         row.seq.usage["speculative_switched_off"] = reason
         self.plain.add(row.seq)
 
@@ -385,4 +414,5 @@ class MTPDecoder(Decoder):
         out["speculative_tokens_per_step"] = t["emitted"] / t["rounds"] if t["rounds"] else 0.0
         out.update({f"speculative_plain_{k}": float(v) for k, v in self._moved.items()})
         out["speculative_active"] = float(len(self.rows))
+        out["speculative_cooldown"] = float(self._slow_streak >= COOLDOWN_AFTER and self.auto_off)
         return out
