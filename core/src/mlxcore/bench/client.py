@@ -119,16 +119,23 @@ def stream_once(target: HttpTarget, messages: list[Any], max_tokens: int) -> Str
     return asyncio.run(_once(target, messages, max_tokens))
 
 
-async def _concurrent_once(
-    client: httpx.AsyncClient, target: HttpTarget, n: int, max_tokens: int
-) -> dict[str, Any]:
+async def concurrent_streams(
+    client: httpx.AsyncClient,
+    target: HttpTarget,
+    prompts: list[list[Any]],
+    max_tokens: int,
+    extra: dict[str, Any] | None = None,
+) -> tuple[list[StreamRun], dict[str, Any]]:
+    """Stream one chat per prompt, all at once; return the runs and their summary:
+    aggregate tok/s (all tokens / wall time from the first request to the last token),
+    wall time, tokens, median and max TTFT, median per-stream decode tok/s."""
     start = time.perf_counter()
-    runs = await asyncio.gather(
-        *(stream_chat(client, target, workloads.writing_messages(i), max_tokens) for i in range(n))
+    runs: list[StreamRun] = await asyncio.gather(
+        *(stream_chat(client, target, m, max_tokens, extra) for m in prompts)
     )
     wall = time.perf_counter() - start
     tokens = sum(r.completion_tokens for r in runs)
-    return {
+    return runs, {
         "aggregate_tok_s": tokens / wall if wall > 0 else 0.0,
         "wall_s": wall,
         "completion_tokens": tokens,
@@ -136,6 +143,13 @@ async def _concurrent_once(
         "ttft_max_s": max(r.ttft_s for r in runs),
         "stream_decode_tok_s_median": median_of([r.decode_tok_s for r in runs]),
     }
+
+
+async def _concurrent_once(
+    client: httpx.AsyncClient, target: HttpTarget, n: int, max_tokens: int
+) -> dict[str, Any]:
+    prompts = [workloads.writing_messages(i) for i in range(n)]
+    return (await concurrent_streams(client, target, prompts, max_tokens))[1]
 
 
 def _level_summary(n: int, reps: list[dict[str, Any]]) -> dict[str, Any]:

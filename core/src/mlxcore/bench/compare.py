@@ -34,7 +34,7 @@ import httpx
 
 from mlxcore.bench import client, report, workloads
 from mlxcore.bench.options import BenchSettings, settings_from_args
-from mlxcore.bench.results import StreamRun, median_of, ratio
+from mlxcore.bench.results import median_of, ratio
 from mlxcore.bench.server import ServerProcess
 from mlxcore.errors import MlxcoreError
 
@@ -110,20 +110,11 @@ async def _batch(
     extra: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """``len(prompts)`` concurrent streams with the same ``extra`` body fields."""
-    start = time.perf_counter()
-    runs: list[StreamRun] = await asyncio.gather(
-        *(client.stream_chat(http, target, m, max_tokens, extra) for m in prompts)
-    )
-    wall = time.perf_counter() - start
-    tokens = sum(r.completion_tokens for r in runs)
+    runs, summary = await client.concurrent_streams(http, target, prompts, max_tokens, extra)
     return {
-        "aggregate_tok_s": tokens / wall if wall > 0 else 0.0,
-        "wall_s": wall,
-        "completion_tokens": tokens,
+        **summary,
         "prompt_tokens_median": median_of([r.prompt_tokens for r in runs]),
         "cached_tokens_max": max(r.cached_tokens for r in runs),
-        "ttft_median_s": median_of([r.ttft_s for r in runs]),
-        "stream_decode_tok_s_median": median_of([r.decode_tok_s for r in runs]),
         "usage_extra": [r.usage_extra for r in runs],
     }
 

@@ -36,7 +36,7 @@ from mlx.utils import tree_flatten
 
 from mlxcore.testing.model_specs import TokenIds
 from mlxcore.testing.models import asset_text
-from mlxcore.testing.qwen3_5_checkpoint import export_qwen3_5, qwen3_5_config
+from mlxcore.testing.qwen3_5_checkpoint import QWEN3_5_SIZES, export_qwen3_5, qwen3_5_config
 from mlxcore.testing.small_vocab import BYTE_TOKENS, write_small_qwen3_tokenizer
 from mlxcore_qwen35_mtp.head import _NORM_SUFFIXES, MTPModule
 
@@ -58,22 +58,8 @@ BENCH_SIZE: dict[str, Any] = {
 """The benchmark shape: 6 GatedDeltaNet + 2 attention layers of hidden size 1024, whose
 weights (about 110M float32 parameters) outweigh the 1024-row output projection 100 to 1."""
 
-TINY_SIZE: dict[str, Any] = {
-    "hidden_size": 64,
-    "intermediate_size": 192,
-    "num_hidden_layers": 4,
-    "full_attention_interval": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 32,
-    "linear_num_key_heads": 2,
-    "linear_num_value_heads": 4,
-    "linear_key_head_dim": 32,
-    "linear_value_head_dim": 32,
-    "linear_conv_kernel_dim": 4,
-    "mtp_num_hidden_layers": 1,
-}
-"""A shape for fast tests (same layer mix as ``mlxcore.testing``'s tiny ``qwen3_5``)."""
+TINY_SIZE: dict[str, Any] = dict(QWEN3_5_SIZES["tiny"])
+"""A shape for fast tests: ``mlxcore.testing``'s tiny ``qwen3_5``."""
 
 _ZEROED = ("o_proj.weight", "out_proj.weight", "down_proj.weight")
 
