@@ -42,7 +42,7 @@ from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
 from mlxcore.builtin.strategies import ChunkedPrefill
 from mlxcore.engine.request import GenerationRequest
-from mlxcore.engine.strategies import PrefillTask
+from mlxcore.engine.strategies import PrefillTask, run_to_completion
 from mlxcore.models.default import ensure_default_model
 from mlxcore.models.loader import load_model
 from mlxcore_specprefill.options import Settings
@@ -59,14 +59,6 @@ from mlxcore_specprefill.strategy import SpecPrefill
 ABLATIONS = ("prompt8", "prompt8+gen8", "gen8", "prompt8+gen8/mean-heads")
 """Scoring variants: queries (last 8 prompt positions and/or 8 draft-generated
 tokens), heads combined by max (default) or mean; layers always by max."""
-
-
-def _finish(gen: Any) -> Any:
-    while True:
-        try:
-            next(gen)
-        except StopIteration as stop:
-            return stop.value
 
 
 def _matching(model: Any, cache: Any, logits: mx.array, ref: list[int]) -> int:
@@ -156,7 +148,7 @@ def main() -> None:
         n = len(ids)
         req = GenerationRequest(prompt_tokens=tuple(ids), max_tokens=args.new)
         cache = make_prompt_cache(model)
-        full = _finish(ChunkedPrefill(model, args.step).prefill(PrefillTask(req, cache)))
+        full = run_to_completion(ChunkedPrefill(model, args.step).prefill(PrefillTask(req, cache)))
         need = max(args.new, decode, 8)
         ref = greedy_tokens(model, cache, full.logits, need)
         # the draft is the target: its lookahead tokens are the reference's first ones
@@ -182,7 +174,7 @@ def main() -> None:
                 else:
                     kept = select_chunks(scores[variant], 0, keep, args.chunk, args.tail)
                 sparse = make_prompt_cache(model)
-                logits = _finish(sp._sparse(PrefillTask(req, sparse), kept))
+                logits = run_to_completion(sp._sparse(PrefillTask(req, sparse), kept))
                 row[f"{variant}@{keep}"] = _matching(model, sparse, logits, ref[: args.new])
         row["elapsed_s"] = round(time.perf_counter() - t_start, 1)
         rows.append(row)

@@ -26,7 +26,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from mlxcore.builtin.strategies import ChunkedPrefill
 from mlxcore.engine.request import GenerationRequest
-from mlxcore.engine.strategies import PrefillResult, PrefillTask
+from mlxcore.engine.strategies import PrefillTask, run_to_completion
 from mlxcore.models.loader import load_model
 from mlxcore.testing import build_test_model
 from mlxcore_specprefill.options import Settings
@@ -35,18 +35,10 @@ from mlxcore_specprefill.stack import detect
 from mlxcore_specprefill.strategy import SpecPrefill
 
 
-def _drive(gen: Any) -> PrefillResult:
-    while True:
-        try:
-            next(gen)
-        except StopIteration as stop:
-            return stop.value
-
-
 def _timed_prefill(strategy: Any, model: Any, req: GenerationRequest) -> tuple[float, Any, Any]:
     cache = make_prompt_cache(model)
     t = time.perf_counter()
-    result = _drive(strategy.prefill(PrefillTask(req, cache)))
+    result = run_to_completion(strategy.prefill(PrefillTask(req, cache)))
     mx.eval(result.logits)
     return time.perf_counter() - t, result, cache
 

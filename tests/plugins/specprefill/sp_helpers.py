@@ -12,16 +12,10 @@ from typing import Any
 
 import mlx.core as mx
 
-from mlxcore.engine.strategies import PrefillResult
+from mlxcore.engine.strategies import run_to_completion
 
-
-def drive(gen: Any) -> PrefillResult:
-    """Run a prefill generator to completion; return its result."""
-    while True:
-        try:
-            next(gen)
-        except StopIteration as stop:
-            return stop.value
+drive = run_to_completion
+"""Run a prefill generator to completion; return its result."""
 
 
 def prompt_ids(n: int, salt: int = 0) -> tuple[int, ...]:

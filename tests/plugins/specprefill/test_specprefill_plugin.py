@@ -159,6 +159,12 @@ def test_unsupported_target_falls_back_with_a_logged_reason(
         rt.engine.shutdown()
 
 
+def _greedy(rt: Runtime, prompt: list[int], count: int) -> list[int]:
+    sampler = make_sampler(0.0)
+    steps = stream_generate(rt.model, rt.tokenizer, prompt, max_tokens=count, sampler=sampler)
+    return [r.token for r in steps]
+
+
 def test_gpt_oss_through_the_engine(mlxcore_model_factory: Any, gpt_oss_path: Path) -> None:
     """GPT-OSS (sliding-window layers in rotating caches, attention sinks) as target,
     the test Llama as draft: keep 1 is mlx-lm's greedy output; a sparse prefill keeps
@@ -178,12 +184,7 @@ def test_gpt_oss_through_the_engine(mlxcore_model_factory: Any, gpt_oss_path: Pa
         )
         tokens, finish = run(rt, whole)
         assert finish.usage.extra == {"prompt_tokens_total": 200, "prompt_tokens_kept": 200}
-        ref = [
-            r.token
-            for r in stream_generate(
-                rt.model, rt.tokenizer, list(prompt), max_tokens=8, sampler=make_sampler(0.0)
-            )
-        ]
+        ref = _greedy(rt, list(prompt), 8)
         assert tokens == ref[: len(tokens)] and len(tokens) >= 1
         sparse = GenerationRequest(prompt_tokens=prompt_ids(200, salt=10), max_tokens=4)
         tokens, finish = run(rt, sparse)
@@ -192,12 +193,6 @@ def test_gpt_oss_through_the_engine(mlxcore_model_factory: Any, gpt_oss_path: Pa
         assert set(range(192, 200)) <= set(kept)  # the 8-token window at the end
     finally:
         rt.engine.shutdown()
-
-
-def _greedy(rt: Runtime, prompt: list[int], count: int) -> list[int]:
-    sampler = make_sampler(0.0)
-    steps = stream_generate(rt.model, rt.tokenizer, prompt, max_tokens=count, sampler=sampler)
-    return [r.token for r in steps]
 
 
 def test_nemotron_h_through_the_engine(mlxcore_model_factory: Any, nemotron_h_path: Path) -> None:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Generator, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import attrs
 
@@ -155,6 +155,22 @@ PrefillGenerator = Generator[int, None, PrefillResult]
 """A prefill in progress: yields the count of prompt tokens processed after each
 chunk (the engine runs decode steps for other sequences in between) and returns
 the :class:`PrefillResult`."""
+
+T = TypeVar("T")
+
+
+def run_to_completion(gen: Generator[Any, None, T]) -> T:
+    """Drive a generator (e.g. a :data:`PrefillGenerator`) to its end; return its value.
+
+    For scripts and tests that prefill outside the engine, which would otherwise
+    interleave decode steps between the yields.
+    """
+    while True:
+        try:
+            next(gen)
+        except StopIteration as stop:
+            result: T = stop.value
+            return result
 
 
 class PrefillStrategy(abc.ABC):
