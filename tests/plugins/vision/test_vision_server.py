@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import concurrent.futures
 import json
-import re
 import threading
 import time
 from pathlib import Path
@@ -22,7 +21,16 @@ import httpx
 import openai
 import pytest
 from PIL import Image
-from vision_helpers import Reference, data_uri, make_video, noise_image, png_bytes, video_uri
+from vision_helpers import (
+    Reference,
+    data_uri,
+    make_video,
+    metric,
+    noise_image,
+    png_bytes,
+    tokens_of,
+    video_uri,
+)
 
 from mlxcore.testing.server import Server
 
@@ -50,18 +58,6 @@ def chat(server: Server, messages: list[dict[str, Any]], **extra: Any) -> httpx.
         **extra,
     }
     return httpx.post(f"{server.v1}/chat/completions", json=body, timeout=120)
-
-
-def tokens_of(response: httpx.Response) -> list[str]:
-    assert response.status_code == 200, response.text
-    return [t["token"] for t in response.json()["choices"][0]["logprobs"]["content"]]
-
-
-def metric(server: Server, name: str) -> float:
-    text = httpx.get(f"{server.base_url}/metrics", timeout=30).text
-    found = re.search(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? ([0-9.e+-]+)$", text, re.M)
-    assert found, f"{name} not in /metrics:\n{text}"
-    return float(found.group(1))
 
 
 @pytest.fixture(scope="module")

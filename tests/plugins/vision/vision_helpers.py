@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 from PIL import Image
+
+from mlxcore.testing.server import Server
 
 
 def noise_image(seed: int, size: tuple[int, int] = (100, 80)) -> Image.Image:
@@ -119,3 +123,17 @@ class Reference:
     def texts(self, ids: list[int]) -> list[str]:
         """Each token's text, as the server's logprobs report it."""
         return [self.tokenizer.decode([i]) for i in ids]
+
+
+def tokens_of(response: httpx.Response) -> list[str]:
+    """The token texts of a 200 chat completion requested with ``logprobs``."""
+    assert response.status_code == 200, response.text
+    return [t["token"] for t in response.json()["choices"][0]["logprobs"]["content"]]
+
+
+def metric(server: Server, name: str) -> float:
+    """One value of the server's /metrics (the first sample of ``name``)."""
+    text = httpx.get(f"{server.base_url}/metrics", timeout=30).text
+    found = re.search(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? ([0-9.e+-]+)$", text, re.M)
+    assert found, f"{name} not in /metrics:\n{text}"
+    return float(found.group(1))

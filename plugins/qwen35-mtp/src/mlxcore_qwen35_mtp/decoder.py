@@ -14,8 +14,9 @@ Design (measured and documented in docs/plugins/qwen35-mtp.md):
   (prefill keeps no hidden state for the head): in that round its draft slots are padding,
   rejected by construction, so it costs no extra forward pass.
 * Sequences whose request says ``"speculative": false``, every sequence while more than
-  ``--speculative-disable-by-batch-size`` run, and sequences the off-switch stopped decode
-  in the wrapped plain batched decoder. A sequence moves from speculation to plain
+  ``--speculative-disable-by-batch-size`` run, media sequences of a vision-language
+  checkpoint (shifted M-RoPE positions) and sequences the off-switch stopped decode in
+  the wrapped plain batched decoder. A sequence moves from speculation to plain
   decoding only, never back.
 * Off-switch: the decoder measures what a plain step costs at the current batch size (a
   round now and then that drafts nothing) and what a speculative round costs. A sequence
@@ -115,6 +116,8 @@ class MTPDecoder(Decoder):
     """
 
     name = "qwen35-mtp"
+    supports_position_offset = True
+    """Shifted (media) sequences decode in the wrapped plain decoder, which honours it."""
 
     def __init__(
         self,
@@ -139,7 +142,7 @@ class MTPDecoder(Decoder):
         """Seconds of a speculative round, by batch size."""
         self._since_probe: dict[int, int] = {}
         self._totals = {"rounds": 0, "drafted": 0, "accepted": 0, "emitted": 0}
-        self._moved = {"request": 0, "batch": 0, "slow": 0, "cache": 0}
+        self._moved = {"request": 0, "batch": 0, "slow": 0, "cache": 0, "offset": 0}
         self._slow_streak = 0
         """Sequences switched off as slow since the last one that speculated usefully."""
         self._cooled = 0
@@ -158,6 +161,10 @@ class MTPDecoder(Decoder):
             reason = "batch"
         elif not cache_supported(seq.cache):
             reason = "cache"
+        elif seq.position_offset:
+            # A media sequence on a vision-language checkpoint: its rotary positions are
+            # shifted (M-RoPE), which the verification pass does not carry.
+            reason = "offset"
         elif self._cooling_down():
             reason = "slow"
             seq.usage["speculative_switched_off"] = "slow"

@@ -132,14 +132,16 @@ def mlxcore_prefill_strategy(
 ) -> PrefillStrategy | None:
     """Route requests on a vision-language model: media through the vision model,
     text through the language model."""
-    from mlxcore_vision.loader import VisionLanguageText
+    from mlxcore_vision.loader import vlm_of
 
-    if not isinstance(model, VisionLanguageText):
+    vlm = vlm_of(model)
+    if vlm is None:
         return None
     from mlxcore_vision.prefill import VisionPrefill
 
     return VisionPrefill(
         model,
+        vlm,
         step_size=config.prefill_step_size,
         encoding_cache_size=int(config.option("vision_cache_size", 32) or 0),
     )

@@ -27,9 +27,34 @@ log = logging.getLogger("mlxcore.plugins.vision")
 
 _VISION_WEIGHT_MARKERS = ("vision_tower.", "visual.", "vision_model.", "multi_modal_projector.")
 
-SUPPORTED_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl", "gemma3"})
+SUPPORTED_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_5", "gemma3"})
 """Families whose prefill and positions this plugin implements: Qwen-VL (M-RoPE,
-native video) and Gemma 3 (plain RoPE, sliding-window layers)."""
+native video), Qwen3.5 (M-RoPE, native video, hybrid GatedDeltaNet layers) and Gemma 3
+(plain RoPE, sliding-window layers)."""
+
+MLX_LM_TEXT_MODEL_TYPES = frozenset({"qwen3_5"})
+"""Families whose text side the engine runs on mlx-lm's own model class (sharing the
+vision-language model's arrays): the Qwen3.5 decoder plugins (MTP) are built on it."""
+
+VLM_ATTR = "mlxcore_vlm"
+"""The attribute of the engine's model that holds its :class:`VLMRef`."""
+
+
+class VLMRef:
+    """The vision-language model a text model belongs to.
+
+    A plain object, not an ``nn.Module``: hung on an mlx-lm model it must not make the
+    vision-language model's parameters appear among the text model's.
+    """
+
+    def __init__(self, vlm: Any) -> None:
+        self.vlm = vlm
+
+
+def vlm_of(model: Any) -> Any | None:
+    """The mlx-vlm model behind the engine's ``model``, or ``None`` for a text model."""
+    ref = getattr(model, VLM_ATTR, None)
+    return ref.vlm if isinstance(ref, VLMRef) else None
 
 
 def is_vision_checkpoint(path: Path, config: dict[str, Any]) -> bool:
@@ -58,6 +83,7 @@ class VisionLanguageText(nn.Module):
     def __init__(self, vlm: Any) -> None:
         super().__init__()
         self.vlm = vlm
+        setattr(self, VLM_ATTR, VLMRef(vlm))
         self.mrope = callable(getattr(vlm.language_model, "get_rope_index", None))
 
     @property
@@ -151,7 +177,46 @@ def load_vision_model(model: ResolvedModel, config: ServerConfig) -> LoadedModel
             f"cannot load vision model {path}: {type(exc).__name__}: {exc}"
         ) from exc
     info = describe_model(path, cfg, tokenizer, source=model.source)
-    text_model = VisionLanguageText(vlm)
+    text_model: nn.Module
+    if model_type in MLX_LM_TEXT_MODEL_TYPES:
+        text_model = share_mlx_lm_text_model(path, vlm)
+    else:
+        text_model = VisionLanguageText(vlm)
     media = VisionMedia.from_config(vlm, processor, config)
     log.info("loaded vision-language model %s (%s) with mlx-vlm", path, model_type)
     return LoadedModel(model=text_model, tokenizer=tokenizer, info=info, media=media)
+
+
+def share_mlx_lm_text_model(path: Path, vlm: Any) -> nn.Module:
+    """mlx-lm's text model for the checkpoint at ``path``, holding ``vlm``'s language-model
+    arrays (the same array objects: nothing is copied, nothing is read twice).
+
+    mlx-lm builds the module tree lazily (its own weight arrays are never evaluated),
+    then every parameter is replaced by the one of the same name in mlx-vlm's language
+    model; names or shapes that do not line up fail the load.
+    """
+    from mlx.utils import tree_flatten, tree_unflatten
+    from mlx_lm.utils import load_model
+
+    try:
+        text_model, _ = load_model(path, lazy=True)
+    except Exception as exc:
+        raise ModelLoadError(
+            f"cannot build mlx-lm's text model for {path}: {type(exc).__name__}: {exc}"
+        ) from exc
+    theirs: dict[str, mx.array] = dict(tree_flatten(vlm.language_model.parameters()))
+    target: Any = getattr(text_model, "language_model", text_model)
+    mine: dict[str, mx.array] = dict(tree_flatten(target.parameters()))
+    if mine.keys() != theirs.keys():
+        raise ModelLoadError(
+            f"{path}: mlx-lm's and mlx-vlm's language models differ in parameters: "
+            f"{sorted(mine.keys() ^ theirs.keys())[:5]}"
+        )
+    wrong = [k for k, v in mine.items() if v.shape != theirs[k].shape]
+    if wrong:
+        raise ModelLoadError(
+            f"{path}: parameter shapes differ between mlx-lm and mlx-vlm: {wrong[:5]}"
+        )
+    target.update(tree_unflatten(list(theirs.items())))
+    setattr(text_model, VLM_ATTR, VLMRef(vlm))
+    return text_model

@@ -11,11 +11,8 @@ import base64
 import binascii
 import hashlib
 import io
-import ipaddress
-import socket
 import tempfile
 import urllib.parse
-import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
@@ -27,6 +24,7 @@ import numpy as np
 from mlxcore.config import ServerConfig
 from mlxcore.media import MediaHandler, MediaPart, PreparedPrompt
 from mlxcore.server.errors import invalid
+from mlxcore_vision.fetch import FetchError, fetch_media
 from mlxcore_vision.video import (
     NATIVE_VIDEO_MODEL_TYPES,
     VIDEO_PART_TYPES,
@@ -255,28 +253,16 @@ class VisionMedia(MediaHandler):
         )
 
     def _fetch_remote(self, url: str, where: str) -> bytes:
-        host = (urllib.parse.urlsplit(url).hostname or "").lower()
-        domains = self.policy.allowed_domains
-        if not any(host == d or host.endswith("." + d) for d in domains):
-            raise invalid(
-                f"media URL host {host!r} is not allowed (--allowed-media-domains)",
-                where,
-            )
-        if not self.policy.allow_private:
-            for addr in _addresses(host, where):
-                if not addr.is_global:
-                    raise invalid(
-                        f"media URL host {host!r} resolves to a non-public address",
-                        where,
-                    )
         try:
-            with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT) as resp:
-                data: bytes = resp.read(MAX_MEDIA_BYTES + 1)
-        except Exception as exc:
-            raise invalid(f"could not fetch the media: {exc}", where) from None
-        if len(data) > MAX_MEDIA_BYTES:
-            raise invalid("the media file is larger than 32 MiB", where)
-        return data
+            return fetch_media(
+                url,
+                allowed_domains=self.policy.allowed_domains,
+                allow_private=self.policy.allow_private,
+                timeout=FETCH_TIMEOUT,
+                max_bytes=MAX_MEDIA_BYTES,
+            )
+        except FetchError as exc:
+            raise invalid(str(exc), where) from None
 
     def _read_local(self, url: str, where: str) -> bytes:
         root = self.policy.allowed_local_path
@@ -332,14 +318,6 @@ def _data_uri(url: str, where: str) -> bytes:
     if not data:
         raise invalid("the data: URI is empty", where)
     return data
-
-
-def _addresses(host: str, where: str) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
-    try:
-        infos = socket.getaddrinfo(host, None)
-    except OSError:
-        raise invalid(f"cannot resolve media URL host {host!r}", where) from None
-    return [ipaddress.ip_address(info[4][0]) for info in infos]
 
 
 def media_cache_key(

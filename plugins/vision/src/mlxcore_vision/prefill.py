@@ -19,7 +19,6 @@ from mlx_lm.models.cache import trim_prompt_cache
 
 from mlxcore.builtin.strategies import ChunkedPrefill
 from mlxcore.engine.strategies import PrefillGenerator, PrefillResult, PrefillStrategy, PrefillTask
-from mlxcore_vision.loader import VisionLanguageText
 from mlxcore_vision.media import VisionPayload
 
 log = logging.getLogger("mlxcore.plugins.vision")
@@ -65,7 +64,9 @@ class VisionPrefill(PrefillStrategy):
     through ``text`` (the chunked prefill of the text view).
 
     Args:
-        model: the engine's model, the text view of the vision-language model.
+        model: the engine's model: the text view of the vision-language model, or
+            mlx-lm's text model holding its language-model weights.
+        vlm: the mlx-vlm model (vision tower, embedding merge, M-RoPE prefill).
         step_size: prefill chunk size (``--prefill-step-size``), for both paths.
         encoding_cache_size: how many image sets' vision encodings to keep.
     """
@@ -73,10 +74,14 @@ class VisionPrefill(PrefillStrategy):
     name = "vision"
 
     def __init__(
-        self, model: VisionLanguageText, step_size: int = 2048, encoding_cache_size: int = 32
+        self, model: Any, vlm: Any, step_size: int = 2048, encoding_cache_size: int = 32
     ) -> None:
         self.model = model
-        self.vlm = model.vlm
+        self.vlm = vlm
+        # The engine's caches are mlx-lm's; mlx-vlm's language model runs on them directly
+        # when it is the engine's model (the text view), and on its own cache classes when
+        # the engine runs mlx-lm's text model (Qwen3.5): their state is then handed over.
+        self.own_caches = vlm.language_model is not getattr(model, "language_model", None)
         self.step_size = step_size
         self.text = ChunkedPrefill(model, step_size)
         self.encodings = VisionEncodingCache(encoding_cache_size)
@@ -132,6 +137,7 @@ class VisionPrefill(PrefillStrategy):
             "skipped: same media seen before" if reused else "ran",
         )
         lm = self.vlm.language_model
+        cache = copy_cache_state(task.cache, lm.make_cache()) if self.own_caches else task.cache
         embedded = self.vlm.get_input_embeddings(
             input_ids, pixel_values, mask=mask, cached_image_features=cached, **extra
         )
@@ -153,19 +159,19 @@ class VisionPrefill(PrefillStrategy):
             lm(
                 inputs=input_ids[:, :n],
                 inputs_embeds=embeds[:, :n],
-                cache=task.cache,
+                cache=cache,
                 n_to_process=n,
                 logits_to_keep=1,
                 **kwargs,
             )
-            mx.eval([c.state for c in task.cache])
+            mx.eval([c.state for c in cache])
             embeds, input_ids = embeds[:, n:], input_ids[:, n:]
             done += n
             yield done
-        out = lm(
-            input_ids[:, -1:], inputs_embeds=embeds, cache=task.cache, logits_to_keep=1, **kwargs
-        )
+        out = lm(input_ids[:, -1:], inputs_embeds=embeds, cache=cache, logits_to_keep=1, **kwargs)
         logits = out.logits[:, -1, :]
+        if self.own_caches:
+            copy_cache_state(cache, task.cache)
         deltas = kwargs.get("rope_deltas")
         shift = int(deltas.reshape(-1)[0].item()) if deltas is not None else 0
         self.vision_tokens += int(payload.inputs["input_ids"].shape[1])
@@ -189,4 +195,23 @@ class VisionPrefill(PrefillStrategy):
         if grid is None:
             grid = extra["video_grid_thw"]
         dtype = vlm.vision_tower.patch_embed.proj.weight.dtype
+        if vlm.config.model_type == "qwen3_5":  # (features, deepstack features)
+            features, _ = vlm.vision_tower(pixel_values.astype(dtype), grid)
+            return features
         return vlm.vision_tower(pixel_values.astype(dtype), grid, output_hidden_states=False)
+
+
+def copy_cache_state(source: list[Any], target: list[Any]) -> list[Any]:
+    """Give each ``target`` layer cache the state of the same layer in ``source`` (mlx-lm's
+    and mlx-vlm's classes alike: attention caches by keys, values and offset, recurrent
+    caches by their arrays); return ``target``. The arrays are shared, not copied."""
+    if len(source) != len(target):
+        raise ValueError(f"caches of {len(source)} and {len(target)} layers")
+    for src, dst in zip(source, target, strict=True):
+        if hasattr(src, "keys") and hasattr(dst, "keys"):
+            dst.keys, dst.values, dst.offset = src.keys, src.values, src.offset
+        elif isinstance(getattr(src, "cache", None), list) and hasattr(dst, "cache"):
+            dst.cache = list(src.cache)
+        else:
+            raise TypeError(f"cannot hand a {type(src).__name__} over to a {type(dst).__name__}")
+    return target

@@ -23,7 +23,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-BUILDER_VERSION = 2
+BUILDER_VERSION = 3
 _MANIFEST = ".mlxcore-test-vlm.json"
 
 # Token ids of the Qwen2/Qwen3 vocabulary (checked against the tokenizer at build time).
@@ -97,18 +97,29 @@ def available_vlm_architectures() -> list[str]:
     return sorted(_BUILDERS)
 
 
-def build_test_vlm(arch: str = "qwen2_vl", *, seed: int = 0, root: Path | None = None) -> Path:
+def build_test_vlm(
+    arch: str = "qwen2_vl", *, seed: int = 0, root: Path | None = None, size: str = "tiny"
+) -> Path:
     """Build (or reuse) a tiny vision-language model folder and return it.
 
     Args:
         arch: one of :func:`available_vlm_architectures`.
         seed: ``mx.random.seed`` before the model is instantiated.
         root: cache folder (default: :func:`default_test_models_root`).
+        size: ``"tiny"``; ``qwen3_5`` also has ``"small"`` (its text model at
+            ``mlxcore.testing``'s small size with 16 layers: as in real checkpoints the
+            weights outweigh per-step buffers, and the one-layer MTP head is a few
+            percent of them).
     """
     if arch not in available_vlm_architectures():
         raise ValueError(f"unknown test VLM {arch!r}; known: {available_vlm_architectures()}")
-    key = json.dumps({"v": BUILDER_VERSION, "arch": arch, "seed": seed}, sort_keys=True)
-    name = f"vlm-{arch}-seed{seed}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    if size != "tiny" and arch != "qwen3_5":
+        raise ValueError(f"test VLM {arch!r} comes in size 'tiny' only")
+    fields = {"v": BUILDER_VERSION, "arch": arch, "seed": seed}
+    if size != "tiny":
+        fields["size"] = size
+    key = json.dumps(fields, sort_keys=True)
+    name = f"vlm-{arch}-{size}-seed{seed}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
     base = Path(root) if root is not None else default_test_models_root()
     target = base / name
     if (target / _MANIFEST).is_file():
@@ -117,7 +128,10 @@ def build_test_vlm(arch: str = "qwen2_vl", *, seed: int = 0, root: Path | None =
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=base))
     try:
         os.chmod(tmp, 0o755)
-        _BUILDERS[arch](tmp, seed)
+        if arch == "qwen3_5":
+            _build_qwen3_5(tmp, seed, size)
+        else:
+            _BUILDERS[arch](tmp, seed)
         (tmp / _MANIFEST).write_text(key)
         try:
             os.rename(tmp, target)
@@ -309,4 +323,85 @@ def _build_gemma3(folder: Path, seed: int) -> None:
     mx.save_safetensors(str(folder / "model.safetensors"), weights, metadata={"format": "mlx"})
 
 
-_BUILDERS = {"qwen2_vl": _build_qwen2_vl, "qwen2_5_vl": _build_qwen2_5_vl, "gemma3": _build_gemma3}
+def _qwen3_5_vision_config(text_hidden: int) -> dict[str, Any]:
+    # Qwen3.5's vision tower (Qwen3-VL's, without deepstack) at a tiny size: 16-pixel
+    # patches, 2x2 merge, learned position embeddings on an 8x8 grid.
+    return {
+        "model_type": "qwen3_5",
+        "depth": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "out_hidden_size": text_hidden,
+        "num_heads": 2,
+        "patch_size": 16,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "num_position_embeddings": 64,
+        "in_channels": 3,
+        "deepstack_visual_indexes": [],
+    }
+
+
+def _qwen3_5_preprocessor() -> dict[str, Any]:
+    # The fields of Qwen3.5's published preprocessor_config.json, with a small
+    # longest_edge so test images stay a few dozen vision tokens.
+    return {
+        "image_processor_type": "Qwen2VLImageProcessorFast",
+        "processor_class": "Qwen3VLProcessor",
+        "patch_size": 16,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+        "size": {"shortest_edge": 64 * 64, "longest_edge": 128 * 128},
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+    }
+
+
+def _build_qwen3_5(folder: Path, seed: int, size: str = "tiny") -> None:
+    """A Qwen3.5 vision-language checkpoint in the official layout: the text model of
+    ``mlxcore.testing`` (``model.language_model.*``, zero-centred norms, an ``mtp.*``
+    head) plus a seeded vision tower (``model.visual.*``, PyTorch conv3d layout)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_vlm.models.qwen3_5 import VisionModel
+    from mlx_vlm.models.qwen3_5.config import VisionConfig
+
+    from mlxcore.testing import build_test_model
+
+    layers: dict[str, Any] = {"num_hidden_layers": 16} if size == "small" else {}
+    text = build_test_model("qwen3_5", size=size, seed=seed, **layers)
+    for item in text.iterdir():
+        if item.is_file() and not item.name.startswith("."):
+            shutil.copyfile(item, folder / item.name)
+    config = json.loads((folder / "config.json").read_text())
+    vocab = {
+        t["content"]: t["id"]
+        for t in json.loads((folder / "tokenizer.json").read_text())["added_tokens"]
+    }
+    config["architectures"] = ["Qwen3_5ForConditionalGeneration"]
+    config.update({field: vocab[token] for field, token in _QWEN_SPECIAL.items()})
+    config["vision_config"] = _qwen3_5_vision_config(int(config["text_config"]["hidden_size"]))
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    (folder / "preprocessor_config.json").write_text(json.dumps(_qwen3_5_preprocessor()))
+    (folder / "video_preprocessor_config.json").write_text(
+        json.dumps({**_qwen3_5_preprocessor(), "fps": 2, "min_frames": 2, "max_frames": 8})
+    )
+
+    mx.random.seed(seed + 1)
+    tower = VisionModel(VisionConfig.from_dict(config["vision_config"]))
+    tensors = dict(mx.load(str(folder / "model.safetensors")))  # type: ignore[arg-type]
+    for name, value in dict(tree_flatten(tower.parameters())).items():
+        value = _spread(name, value)
+        if name == "patch_embed.proj.weight":  # MLX (O, T, H, W, C) -> PyTorch (O, C, T, H, W)
+            value = value.transpose(0, 4, 1, 2, 3)
+        tensors[f"model.visual.{name}"] = value.astype(mx.float32)
+    mx.eval(tensors)
+    mx.save_safetensors(str(folder / "model.safetensors"), tensors, metadata={"format": "pt"})
+
+
+_BUILDERS = {
+    "qwen2_vl": _build_qwen2_vl,
+    "qwen2_5_vl": _build_qwen2_5_vl,
+    "qwen3_5": _build_qwen3_5,
+    "gemma3": _build_gemma3,
+}

@@ -19,7 +19,7 @@ from mlxcore.server.errors import invalid
 VIDEO_PART_TYPES = frozenset({"video_url", "video"})
 """Content part types carrying a clip: ``{"type": "video_url", "video_url": {"url": ...}}``."""
 
-NATIVE_VIDEO_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl"})
+NATIVE_VIDEO_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_5"})
 """Families whose mlx-vlm processor takes a clip (temporal patches, M-RoPE over time)."""
 
 DEFAULT_FRAMES_AS_IMAGES = 8
