@@ -360,17 +360,26 @@ def _qwen3_5_preprocessor() -> dict[str, Any]:
 def _build_qwen3_5(folder: Path, seed: int, size: str = "tiny") -> None:
     """A Qwen3.5 vision-language checkpoint in the official layout: the text model of
     ``mlxcore.testing`` (``model.language_model.*``, zero-centred norms, an ``mtp.*``
-    head) plus a seeded vision tower (``model.visual.*``, PyTorch conv3d layout)."""
+    head) plus a seeded vision tower."""
+    from mlxcore.testing import build_test_model
+
+    layers: dict[str, Any] = {"num_hidden_layers": 16} if size == "small" else {}
+    text = build_test_model("qwen3_5", size=size, seed=seed, **layers)
+    add_qwen3_5_vision(text, folder, seed=seed)
+
+
+def add_qwen3_5_vision(text: Path, folder: Path, *, seed: int = 0) -> None:
+    """Write into ``folder`` the Qwen3.5 checkpoint at ``text`` (official layout, any
+    tokenizer with Qwen's vision tokens) with a seeded vision tower added:
+    ``model.visual.*`` tensors (PyTorch conv3d layout), ``vision_config``, the vision
+    token ids and Qwen3.5's processor configuration."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_vlm.models.qwen3_5 import VisionModel
     from mlx_vlm.models.qwen3_5.config import VisionConfig
 
-    from mlxcore.testing import build_test_model
-
-    layers: dict[str, Any] = {"num_hidden_layers": 16} if size == "small" else {}
-    text = build_test_model("qwen3_5", size=size, seed=seed, **layers)
-    for item in text.iterdir():
+    folder.mkdir(parents=True, exist_ok=True)
+    for item in Path(text).iterdir():
         if item.is_file() and not item.name.startswith("."):
             shutil.copyfile(item, folder / item.name)
     config = json.loads((folder / "config.json").read_text())
@@ -405,3 +414,25 @@ _BUILDERS = {
     "qwen3_5": _build_qwen3_5,
     "gemma3": _build_gemma3,
 }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m mlxcore_vision.testing add-vision QWEN3_5_DIR OUT``: a Qwen3.5 VLM made
+    from a Qwen3.5 text checkpoint (e.g. the MTP benchmark model) plus a small seeded
+    vision tower."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m mlxcore_vision.testing")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add = sub.add_parser("add-vision", help="add a vision tower to a Qwen3.5 checkpoint")
+    add.add_argument("text", type=Path, help="Qwen3.5 checkpoint (official layout)")
+    add.add_argument("out", type=Path, help="folder to write")
+    add.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    add_qwen3_5_vision(args.text, args.out, seed=args.seed)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
