@@ -34,12 +34,24 @@ def _hooks(**options: Any) -> tuple[PluginHooks, ServerConfig]:
     return hooks, ServerConfig(plugin_options=options)
 
 
+def _runtime(model: Path) -> Runtime:
+    hooks, _ = _hooks()
+    cfg = ServerConfig(model=str(model))
+    hooks.configure(cfg)
+    return build_runtime(cfg, hooks)
+
+
 @pytest.fixture(scope="module")
 def runtime(tiny_qwen2_vl: Path) -> Any:
-    hooks, _ = _hooks()
-    cfg = ServerConfig(model=str(tiny_qwen2_vl))
-    hooks.configure(cfg)
-    rt = build_runtime(cfg, hooks)
+    rt = _runtime(tiny_qwen2_vl)
+    yield rt
+    rt.engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def qwen3_5_runtime() -> Any:
+    """A Qwen3.5 VLM: mlx-lm's text model on the VLM's arrays, hybrid caches."""
+    rt = _runtime(build_test_vlm("qwen3_5"))
     yield rt
     rt.engine.shutdown()
 
@@ -160,12 +172,15 @@ def test_media_policy_from_flags(tmp_path: Path) -> None:
     assert not outside.exists()
 
 
-def test_prefix_reuse_is_keyed_by_the_image(runtime: Runtime, tiny_qwen2_vl: Path) -> None:
+@pytest.mark.parametrize("arch", ["qwen2_vl", "qwen3_5"])
+def test_prefix_reuse_is_keyed_by_the_image(arch: str, request: pytest.FixtureRequest) -> None:
     """A follow-up turn about the same image reuses the cached prefix past the image;
-    the same text with another image reuses nothing past the image's placeholder."""
+    the same text with another image reuses nothing past the image's placeholder.
+    (Qwen3.5: the prefix is handed from the engine's mlx-lm caches to mlx-vlm's.)"""
     from mlx_vlm import generate
 
-    reference = Reference(tiny_qwen2_vl)
+    runtime = request.getfixturevalue("runtime" if arch == "qwen2_vl" else "qwen3_5_runtime")
+    reference = Reference(build_test_vlm(arch))
     image, other = noise_image(51), noise_image(52)
     first_text = reference.prompt("Describe the picture.", 1)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import io
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -63,13 +64,28 @@ class Reference:
         self.model, self.processor = load(str(path))
         self.tokenizer = self.processor.tokenizer
 
-    def prompt(self, text: str, images: int, videos: int = 0) -> str:
-        """The chat prompt the server renders (thinking off, so all output is content)."""
-        content: list[dict[str, Any]] = [{"type": "image"} for _ in range(images)]
-        content += [{"type": "video"} for _ in range(videos)]
+    def prompt(
+        self,
+        text: str,
+        images: int,
+        videos: int = 0,
+        *,
+        order: Sequence[str] | None = None,
+        system: str | None = None,
+    ) -> str:
+        """The chat prompt the server renders (thinking off, so all output is content).
+
+        ``order``: the media parts' kinds (``"image"`` / ``"video"``) in prompt order
+        (default: the images, then the videos); ``system``: a system message first."""
+        kinds = list(order) if order is not None else ["image"] * images + ["video"] * videos
+        if (kinds.count("image"), kinds.count("video")) != (images, videos):
+            raise ValueError(f"order {kinds} for {images} images and {videos} videos")
+        content: list[dict[str, Any]] = [{"type": kind} for kind in kinds]
         content.append({"type": "text", "text": text})
+        messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+        messages.append({"role": "user", "content": content})
         rendered: str = self.tokenizer.apply_chat_template(
-            [{"role": "user", "content": content}],
+            messages,
             tokenize=False,
             add_generation_prompt=True,
             enable_thinking=False,
@@ -82,16 +98,21 @@ class Reference:
         images: list[Image.Image],
         max_tokens: int,
         videos: list[Path] | None = None,
+        *,
+        order: Sequence[str] | None = None,
+        system: str | None = None,
         **sampling: Any,
     ) -> tuple[list[int], int]:
-        """(greedy token ids, prompt token count); ``sampling``: mlx-vlm's video fields."""
+        """(greedy token ids, prompt token count); ``sampling``: mlx-vlm's video fields;
+        ``order`` and ``system`` as in :meth:`prompt` (``images`` and ``videos`` each in
+        their prompt order)."""
         from mlx_vlm import generate
 
         videos = videos or []
         result = generate(
             self.model,
             self.processor,
-            self.prompt(text, len(images), len(videos)),
+            self.prompt(text, len(images), len(videos), order=order, system=system),
             image=images or None,
             video=[str(v) for v in videos] or None,
             max_tokens=max_tokens,

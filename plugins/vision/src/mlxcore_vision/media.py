@@ -26,6 +26,7 @@ from mlxcore.media import MediaHandler, MediaPart, PreparedPrompt
 from mlxcore.server.errors import invalid
 from mlxcore_vision.fetch import FetchError, fetch_media
 from mlxcore_vision.video import (
+    MIXED_MEDIA_MODEL_TYPES,
     NATIVE_VIDEO_MODEL_TYPES,
     VIDEO_PART_TYPES,
     check_video,
@@ -160,7 +161,8 @@ class VisionMedia(MediaHandler):
         from mlx_vlm.utils import prepare_inputs, should_add_special_tokens
 
         videos_in = [p for p in parts if p.part.get("type") in VIDEO_PART_TYPES]
-        if self.native_video and videos_in and len(videos_in) < len(parts):
+        mixed_refused = self.native_video and self.model_type not in MIXED_MEDIA_MODEL_TYPES
+        if mixed_refused and videos_in and len(videos_in) < len(parts):
             raise invalid(
                 "images and videos in one request are not supported yet", videos_in[0].where
             )

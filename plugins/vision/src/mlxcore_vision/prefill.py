@@ -6,6 +6,11 @@ call, same chunking, same explicit M-RoPE positions), so its greedy output is
 token-identical to mlx-vlm's. It then returns the M-RoPE shift of the prompt as
 ``position_offset``: the decoder places the sequence's next tokens at
 ``cache length + shift`` and it decodes in the shared batch like any text sequence.
+
+The vision encoder runs here (not inside mlx-vlm) so that its output can be cached by
+the media's hashes and a repeat skip it. For Qwen3-VL the cached output includes the
+deepstack features, which mlx-vlm's cached-features path would drop: the prefill hands
+them to the language model itself, in the order of the prompt's visual tokens.
 """
 
 from __future__ import annotations
@@ -14,7 +19,9 @@ import collections
 import logging
 from typing import Any
 
+import attrs
 import mlx.core as mx
+import numpy as np
 from mlx_lm.models.cache import trim_prompt_cache
 
 from mlxcore.builtin.strategies import ChunkedPrefill
@@ -25,10 +32,70 @@ log = logging.getLogger("mlxcore.plugins.vision")
 
 _NOT_SEQUENCE_INPUTS = ("input_ids", "pixel_values", "attention_mask")
 
+DEEPSTACK_MODEL_TYPES = frozenset({"qwen3_vl"})
+"""Families whose vision tower also returns deepstack features, which the language model
+adds to the hidden states of its first layers at the visual token positions."""
+
+Features = tuple[mx.array, tuple[mx.array, ...]]
+"""One kind's encoder output: the merged features and the deepstack features (one array
+per deepstack layer), rows in the order of that kind's tokens."""
+
+
+@attrs.frozen
+class DeepstackEncoding:
+    """A Qwen3-VL request's vision-encoder output, per kind of medium.
+
+    mlx-vlm's ``get_input_embeddings`` drops the deepstack features when it is given
+    cached features, so the encoding cache keeps them here, beside the features.
+
+    Attributes:
+        image: the images' output (all images of the request, in prompt order), or
+            ``None``.
+        video: the videos' output, or ``None``.
+    """
+
+    image: Features | None
+    video: Features | None
+
+    def arrays(self) -> list[mx.array]:
+        """Every array held (to evaluate them)."""
+        return [a for f in (self.image, self.video) if f is not None for a in (f[0], *f[1])]
+
+    def in_token_order(
+        self, input_ids: mx.array, image_token: int, video_token: int
+    ) -> tuple[mx.array, list[mx.array]]:
+        """(features, deepstack features per layer) with one row per image or video token
+        of ``input_ids``, in the order of those tokens: what mlx-vlm scatters into the
+        embeddings and merges for the deepstack layers when it runs the encoder itself."""
+        kinds = [f for f in (self.image, self.video) if f is not None]
+        if not kinds:
+            raise ValueError("a vision encoding without images or videos")
+        if len(kinds) == 1:
+            return kinds[0][0], list(kinds[0][1])
+        assert self.image is not None and self.video is not None
+        ids = np.array(input_ids).reshape(-1)
+        is_video = ids[(ids == image_token) | (ids == video_token)] == video_token
+        n_images, n_videos = int((~is_video).sum()), int(is_video.sum())
+        if (n_images, n_videos) != (self.image[0].shape[0], self.video[0].shape[0]):
+            raise ValueError(
+                f"{n_images} image and {n_videos} video tokens for "
+                f"{self.image[0].shape[0]} image and {self.video[0].shape[0]} video features"
+            )
+        order = np.empty(len(is_video), dtype=np.uint32)
+        order[~is_video] = np.arange(n_images)
+        order[is_video] = n_images + np.arange(n_videos)
+        index = mx.array(order)
+
+        def merged(image: mx.array, video: mx.array) -> mx.array:
+            return mx.concatenate([image, video])[index]
+
+        layers = [merged(i, v) for i, v in zip(self.image[1], self.video[1], strict=True)]
+        return merged(self.image[0], self.video[0]), layers
+
 
 class VisionEncodingCache:
-    """Vision-encoder outputs of recent requests, keyed by the hashes of their images'
-    full bytes (in order). LRU, bounded in entries."""
+    """Vision-encoder outputs of recent requests, keyed by the hashes of all their media's
+    full bytes (images and videos, in prompt order). LRU, bounded in entries."""
 
     def __init__(self, max_entries: int = 32) -> None:
         self.max_entries = max_entries
@@ -127,7 +194,7 @@ class VisionPrefill(PrefillStrategy):
         reused = cached is not None
         if cached is None and key:
             cached = self._encode(pixel_values, extra)
-            mx.eval(cached)
+            mx.eval(cached.arrays() if isinstance(cached, DeepstackEncoding) else cached)
             self.encodings.put(key, cached)
             yield start  # let the running batch take a decode step after the encoder
         log.info(
@@ -138,6 +205,12 @@ class VisionPrefill(PrefillStrategy):
         )
         lm = self.vlm.language_model
         cache = copy_cache_state(task.cache, lm.make_cache()) if self.own_caches else task.cache
+        deepstack: list[mx.array] | None = None
+        if isinstance(cached, DeepstackEncoding):
+            config = self.vlm.config
+            cached, deepstack = cached.in_token_order(
+                input_ids, config.image_token_index, config.video_token_index
+            )
         embedded = self.vlm.get_input_embeddings(
             input_ids, pixel_values, mask=mask, cached_image_features=cached, **extra
         )
@@ -153,6 +226,10 @@ class VisionPrefill(PrefillStrategy):
                 if k != "inputs_embeds" and v is not None
             },
         }
+        if deepstack is not None:
+            # Indexed by the visual tokens of the whole prompt, like the visual mask: the
+            # language model takes each chunk's rows by the cache offset.
+            kwargs["deepstack_visual_embeds"] = deepstack
         done = 0
         while embeds.shape[1] > 1:
             n = min(self.step_size, embeds.shape[1] - 1)
@@ -182,6 +259,8 @@ class VisionPrefill(PrefillStrategy):
         """Run the vision encoder on the images (or video frames) exactly as the model's
         ``get_input_embeddings`` would: the step the encoding cache lets a repeat skip."""
         vlm = self.vlm
+        if vlm.config.model_type in DEEPSTACK_MODEL_TYPES:
+            return self._encode_deepstack(pixel_values, extra)
         if vlm.config.model_type == "gemma3":
             assert pixel_values is not None
             dtype = vlm.language_model.model.embed_tokens(mx.array([0])).dtype
@@ -199,6 +278,25 @@ class VisionPrefill(PrefillStrategy):
             features, _ = vlm.vision_tower(pixel_values.astype(dtype), grid)
             return features
         return vlm.vision_tower(pixel_values.astype(dtype), grid, output_hidden_states=False)
+
+    def _encode_deepstack(
+        self, pixel_values: mx.array | None, extra: dict[str, Any]
+    ) -> DeepstackEncoding:
+        """Qwen3-VL: the images and the videos each through the vision tower, as its
+        ``get_input_embeddings`` runs them, keeping the deepstack features."""
+        tower = self.vlm.vision_tower
+        dtype = tower.patch_embed.proj.weight.dtype
+
+        def encode(pixels: mx.array | None, grid: mx.array | None) -> Features | None:
+            if pixels is None:
+                return None
+            features, deepstack = tower(pixels.astype(dtype), grid)
+            return features, tuple(deepstack)
+
+        return DeepstackEncoding(
+            image=encode(pixel_values, extra.get("image_grid_thw")),
+            video=encode(extra.get("pixel_values_videos"), extra.get("video_grid_thw")),
+        )
 
 
 def copy_cache_state(source: list[Any], target: list[Any]) -> list[Any]:

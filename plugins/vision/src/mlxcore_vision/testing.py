@@ -408,11 +408,108 @@ def add_qwen3_5_vision(text: Path, folder: Path, *, seed: int = 0) -> None:
     mx.save_safetensors(str(folder / "model.safetensors"), tensors, metadata={"format": "pt"})
 
 
+def _qwen3_vl_config(token_ids: dict[str, int], eos: int, vocab_size: int) -> dict[str, Any]:
+    # Qwen3-VL's published config layout (nested text and vision configs, interleaved
+    # M-RoPE, deepstack from vision layers) at a tiny size.
+    text = {
+        "model_type": "qwen3_vl_text",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "rms_norm_eps": 1e-6,
+        "vocab_size": vocab_size,
+        "max_position_embeddings": 4096,
+        "rope_theta": 5000000.0,
+        "rope_scaling": {
+            "rope_type": "default",
+            "mrope_section": [4, 2, 2],
+            "mrope_interleaved": True,
+        },
+        "tie_word_embeddings": True,
+        "eos_token_id": eos,
+    }
+    return {
+        "model_type": "qwen3_vl",
+        "architectures": ["Qwen3VLForConditionalGeneration"],
+        "tie_word_embeddings": True,
+        "eos_token_id": eos,
+        **token_ids,
+        "text_config": text,
+        "vision_config": {
+            "model_type": "qwen3_vl",
+            "depth": 2,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "out_hidden_size": 64,
+            "num_heads": 2,
+            "patch_size": 16,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "num_position_embeddings": 64,
+            "in_channels": 3,
+            # deepstack: both blocks feed the first two text layers
+            "deepstack_visual_indexes": [0, 1],
+        },
+    }
+
+
+def _qwen3_vl_preprocessor() -> dict[str, Any]:
+    # The fields of Qwen3-VL's published preprocessor_config.json, with a small
+    # longest_edge so test images stay a few dozen vision tokens.
+    return {
+        "image_processor_type": "Qwen2VLImageProcessorFast",
+        "processor_class": "Qwen3VLProcessor",
+        "patch_size": 16,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+        "size": {"shortest_edge": 64 * 64, "longest_edge": 128 * 128},
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+    }
+
+
+def _build_qwen3_vl(folder: Path, seed: int) -> None:
+    """A Qwen3-VL checkpoint: mlx-vlm's ``qwen3_vl.Model`` (Qwen3 text layers with
+    interleaved M-RoPE, a vision tower with deepstack mergers) with seeded weights, the
+    Qwen3 tokenizer, Qwen3.5's chat template (it renders image and video parts) and the
+    Qwen3-VL processor fields."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_vlm.models import qwen3_vl
+
+    tokenizer = json.loads(_asset("qwen3-tokenizer", "tokenizer.json"))
+    tok_config = json.loads(_asset("qwen3-tokenizer", "tokenizer_config.json"))
+    vocab = {t["content"]: t["id"] for t in tokenizer["added_tokens"]}
+    token_ids = {field: vocab[token] for field, token in _QWEN_SPECIAL.items()}
+    template = _asset("chat-templates", "Qwen3.5-4B.jinja")
+    tok_config["chat_template"] = template
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False))
+    (folder / "tokenizer_config.json").write_text(json.dumps(tok_config, ensure_ascii=False))
+    (folder / "chat_template.jinja").write_text(template)
+    (folder / "preprocessor_config.json").write_text(json.dumps(_qwen3_vl_preprocessor()))
+    (folder / "video_preprocessor_config.json").write_text(
+        json.dumps({**_qwen3_vl_preprocessor(), "fps": 2, "min_frames": 2, "max_frames": 8})
+    )
+    vocab_size = max(max(tokenizer["model"]["vocab"].values()), *vocab.values()) + 1
+    config = _qwen3_vl_config(token_ids, vocab["<|im_end|>"], vocab_size)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    mx.random.seed(seed)
+    model_config = qwen3_vl.ModelConfig.from_dict(json.loads(json.dumps(config)))
+    model = qwen3_vl.Model(model_config)
+    flat = dict(tree_flatten(model.parameters()))
+    weights = {name: _spread(name, value) for name, value in flat.items()}
+    mx.save_safetensors(str(folder / "model.safetensors"), weights, metadata={"format": "mlx"})
+
+
 _BUILDERS = {
     "qwen2_vl": _build_qwen2_vl,
     "qwen2_5_vl": _build_qwen2_5_vl,
     "qwen3_5": _build_qwen3_5,
     "gemma3": _build_gemma3,
+    "qwen3_vl": _build_qwen3_vl,
 }
 
 

@@ -19,8 +19,12 @@ from mlxcore.server.errors import invalid
 VIDEO_PART_TYPES = frozenset({"video_url", "video"})
 """Content part types carrying a clip: ``{"type": "video_url", "video_url": {"url": ...}}``."""
 
-NATIVE_VIDEO_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_5"})
+NATIVE_VIDEO_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"})
 """Families whose mlx-vlm processor takes a clip (temporal patches, M-RoPE over time)."""
+
+MIXED_MEDIA_MODEL_TYPES = frozenset({"qwen3_vl"})
+"""Native-video families whose mlx-vlm model embeds images and videos in one call (the
+others embed one kind per request, so images with videos are refused for them)."""
 
 DEFAULT_FRAMES_AS_IMAGES = 8
 """The most frames a clip becomes for families without native video (each frame is a
