@@ -27,12 +27,14 @@ ARCH_FIXTURES = {
     "llama": "tiny_llama",
     "qwen3": "tiny_qwen3",
     "qwen3_5": "tiny_qwen3_5",
+    "qwen3_5_moe": "tiny_qwen3_5_moe",
     "gemma4_text": "tiny_gemma4",
 }
 TURN_MARKERS = {
     "llama": "<|im_start|>",
     "qwen3": "<|im_start|>",
     "qwen3_5": "<|im_start|>",
+    "qwen3_5_moe": "<|im_start|>",
     "gemma4_text": "<|turn>",
 }
 USER_MESSAGE = [{"role": "user", "content": "What is 2+2?"}]

@@ -171,6 +171,35 @@ def test_greedy_identical_in_batch_with_other_sequences(rt: Runtime) -> None:
     assert "speculative_acceptance" not in results[2][1].usage.extra
 
 
+def test_moe_checkpoint_head_loads_and_stays_lossless(tiny_qwen3_5_moe: Path) -> None:
+    """Qwen3.5 MoE: the head's MoE layer comes from the checkpoint's fused experts;
+    with drafts accepted and rejected (oracle head), alone and two at once, greedy
+    output is mlx-lm's."""
+    runtime = make_runtime(tiny_qwen3_5_moe, num_speculative_tokens=2, mtp_auto_off=False)
+    try:
+        decoder = runtime.engine.decoder
+        assert decoder.name == "qwen35-mtp"
+        assert hasattr(decoder.head.module.layers[0].mlp, "switch_mlp")
+        for text in PROMPTS[:2]:
+            prompt = ids(runtime, text)
+            tokens, finish = run(runtime, GenerationRequest(prompt, 20))
+            assert tokens == reference(runtime, prompt, 20), text
+            assert "speculative_acceptance" in finish.usage.extra
+        prompt = ids(runtime, PROMPTS[2])
+        ref = reference(runtime, prompt, 24)
+        real = decoder.head
+        decoder.head = OracleHead(real, ref, 3)
+        try:
+            results = run_many(runtime, [GenerationRequest(prompt, 24)] * 2)
+        finally:
+            decoder.head = real
+        for tokens, finish in results:
+            assert tokens == ref
+            assert finish.usage.extra["speculative_acceptance"] > 0.3
+    finally:
+        runtime.engine.shutdown()
+
+
 def test_above_batch_limit_falls_back_to_plain(tiny_qwen3_5: Path) -> None:
     runtime = make_runtime(tiny_qwen3_5, speculative_disable_by_batch_size=1)
     try:

@@ -39,9 +39,10 @@ TEXT_TOKENS = 32
 TEXTS = ["Tell me a story.", "List three colours.", "Say hello.", "Count to five."]
 
 
-@pytest.fixture(scope="module")
-def tiny_qwen3_5_vl() -> Path:
-    return build_test_vlm("qwen3_5", seed=0)
+@pytest.fixture(scope="module", params=["qwen3_5", "qwen3_5_moe"])
+def tiny_qwen3_5_vl(request: pytest.FixtureRequest) -> Path:
+    """The dense and the MoE Qwen3.5 VLM (experts fused as in the checkpoints)."""
+    return build_test_vlm(request.param, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +172,7 @@ print(json.dumps({"loaded": loaded, "peak": mx.get_peak_memory()}))
 
 
 def test_peak_memory_with_routing_and_mtp_is_that_of_the_vlm_alone(
-    mlxcore_server: ServerFactory, vlm_reference: Reference
+    mlxcore_server: ServerFactory,
 ) -> None:
     """A fresh server (vision, text routing, MTP head) serving one text and one image
     request, against ``mlx_vlm`` alone in a fresh process doing the same two generations.
@@ -180,6 +181,7 @@ def test_peak_memory_with_routing_and_mtp_is_that_of_the_vlm_alone(
     weights outweigh the per-step buffers (logits over the 151k vocabulary), which would
     otherwise decide the comparison."""
     model = build_test_vlm("qwen3_5", seed=0, size="small")
+    chat = Reference(build_test_vlm("qwen3_5", seed=0))  # the same tokenizer and template
     server = start_like_reference(
         mlxcore_server,
         model,
@@ -200,8 +202,8 @@ def test_peak_memory_with_routing_and_mtp_is_that_of_the_vlm_alone(
             "-c",
             _VLM_ALONE,
             str(model),
-            vlm_reference.prompt("Tell me a story.", 0),
-            vlm_reference.prompt("Describe.", 1),
+            chat.prompt("Tell me a story.", 0),
+            chat.prompt("Describe.", 1),
             str(TEXT_TOKENS),
         ],
         capture_output=True,

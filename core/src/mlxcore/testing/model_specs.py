@@ -16,7 +16,14 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from mlxcore.testing.qwen3_5_checkpoint import QWEN3_5_SIZES, export_qwen3_5, qwen3_5_config
+from mlxcore.testing.qwen3_5_checkpoint import (
+    QWEN3_5_MOE_SIZES,
+    QWEN3_5_SIZES,
+    export_qwen3_5,
+    export_qwen3_5_moe,
+    qwen3_5_config,
+    qwen3_5_moe_config,
+)
 
 BUILDER_VERSION = 1
 """Bump when the output of a build changes for the same arguments (invalidates caches)."""
@@ -334,6 +341,17 @@ register_model_spec(
         make_config=qwen3_5_config,
         export_weights=export_qwen3_5,
         description="Qwen3.5 hybrid GatedDeltaNet/attention + mtp.* head, HF layout",
+    )
+)
+register_model_spec(
+    ModelSpec(
+        arch="qwen3_5_moe",
+        tokenizer=QWEN3_TOKENIZER,
+        chat_template="Qwen3.5-4B.jinja",
+        sizes=QWEN3_5_MOE_SIZES,
+        make_config=qwen3_5_moe_config,
+        export_weights=export_qwen3_5_moe,
+        description="Qwen3.5 MoE (experts fused as in the checkpoints) + mtp.* head, HF layout",
     )
 )
 register_model_spec(

@@ -7,7 +7,7 @@ Registered through the ``pytest11`` entry point, so any project that installs ml
     session-scoped; :func:`mlxcore.testing.build_test_model` bound to the shared cache
     (``$MLXCORE_TEST_MODELS`` or ``$MLXCORE_HOME/test-models``), so models built in one
     run are reused by the next. Call it as ``factory("qwen3", seed=1, num_hidden_layers=3)``.
-``tiny_llama``, ``tiny_qwen3``, ``tiny_qwen3_5``, ``tiny_gemma4``
+``tiny_llama``, ``tiny_qwen3``, ``tiny_qwen3_5``, ``tiny_qwen3_5_moe``, ``tiny_gemma4``
     session-scoped paths of the default tiny model of each family.
 ``mlxcore_server``
     session-scoped factory ``(model, *flags) -> Server`` starting real ``mlxcore serve``
@@ -54,6 +54,12 @@ def tiny_qwen3(mlxcore_model_factory: ModelFactory) -> Path:
 def tiny_qwen3_5(mlxcore_model_factory: ModelFactory) -> Path:
     """Tiny Qwen3.5 hybrid (GatedDeltaNet + attention) model whose checkpoint has ``mtp.*``."""
     return mlxcore_model_factory("qwen3_5")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_5_moe(mlxcore_model_factory: ModelFactory) -> Path:
+    """Tiny Qwen3.5 MoE (experts in every layer and in the ``mtp.*`` head)."""
+    return mlxcore_model_factory("qwen3_5_moe")
 
 
 @pytest.fixture(scope="session")

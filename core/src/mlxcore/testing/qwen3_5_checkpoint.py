@@ -57,6 +57,24 @@ QWEN3_5_SIZES: Mapping[str, Mapping[str, Any]] = MappingProxyType(
 )
 
 
+QWEN3_5_MOE_SIZES: Mapping[str, Mapping[str, Any]] = MappingProxyType(
+    {
+        # The tiny Qwen3.5 with a sparse MoE block in every layer (and in the MTP layer):
+        # 4 experts, 2 per token, and a gated shared expert.
+        "tiny": MappingProxyType(
+            {
+                **QWEN3_5_SIZES["tiny"],
+                "num_experts": 4,
+                "num_experts_per_tok": 2,
+                "moe_intermediate_size": 48,
+                "shared_expert_intermediate_size": 48,
+                "decoder_sparse_step": 1,
+            }
+        ),
+    }
+)
+
+
 def qwen3_5_config(fields: dict[str, Any], ids: TokenIds) -> dict[str, Any]:
     """The nested config of a real ``Qwen3_5ForConditionalGeneration`` checkpoint."""
     text: dict[str, Any] = {
@@ -187,3 +205,33 @@ def make_qwen3_5_mtp(model: Any, text_config: dict[str, Any]) -> dict[str, Any]:
         if layer.is_linear:  # pragma: no cover - guards a change of mlx-lm's rule
             raise RuntimeError("the MTP layer must be a full-attention layer")
     return dict(tree_flatten(head.parameters()))
+
+
+def qwen3_5_moe_config(fields: dict[str, Any], ids: TokenIds) -> dict[str, Any]:
+    """The config of a real ``Qwen3_5MoeForConditionalGeneration`` checkpoint."""
+    config = qwen3_5_config(fields, ids)
+    config["architectures"] = ["Qwen3_5MoeForConditionalGeneration"]
+    config["model_type"] = "qwen3_5_moe"
+    config["text_config"]["model_type"] = "qwen3_5_moe_text"
+    return config
+
+
+def export_qwen3_5_moe(model: Any, config: dict[str, Any]) -> dict[str, Any]:
+    """:func:`export_qwen3_5`, with each MoE block's experts stored fused as the official
+    checkpoints store them: ``mlp.experts.gate_up_proj`` ``[experts, 2 * inter, hidden]``
+    (gate rows, then up rows) and ``mlp.experts.down_proj`` ``[experts, hidden, inter]``,
+    in the main layers and in the MTP layer alike."""
+    import mlx.core as mx
+
+    tensors = export_qwen3_5(model, config)
+    out: dict[str, Any] = {}
+    for name, value in tensors.items():
+        if name.endswith(".mlp.switch_mlp.gate_proj.weight"):
+            prefix = name.removesuffix("switch_mlp.gate_proj.weight")
+            up = tensors[f"{prefix}switch_mlp.up_proj.weight"]
+            out[f"{prefix}experts.gate_up_proj"] = mx.concatenate([value, up], axis=-2)
+        elif name.endswith(".mlp.switch_mlp.down_proj.weight"):
+            out[name.removesuffix("switch_mlp.down_proj.weight") + "experts.down_proj"] = value
+        elif not name.endswith(".mlp.switch_mlp.up_proj.weight"):
+            out[name] = value
+    return out

@@ -27,13 +27,15 @@ log = logging.getLogger("mlxcore.plugins.vision")
 
 _VISION_WEIGHT_MARKERS = ("vision_tower.", "visual.", "vision_model.", "multi_modal_projector.")
 
-SUPPORTED_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "gemma3"})
+SUPPORTED_MODEL_TYPES = frozenset(
+    {"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe", "gemma3"}
+)
 """Families whose prefill and positions this plugin implements: Qwen-VL (M-RoPE,
 native video; Qwen3-VL also deepstack and images with videos in one request), Qwen3.5
 (M-RoPE, native video, hybrid GatedDeltaNet layers) and Gemma 3 (plain RoPE,
 sliding-window layers)."""
 
-MLX_LM_TEXT_MODEL_TYPES = frozenset({"qwen3_5"})
+MLX_LM_TEXT_MODEL_TYPES = frozenset({"qwen3_5", "qwen3_5_moe"})
 """Families whose text side the engine runs on mlx-lm's own model class (sharing the
 vision-language model's arrays): the Qwen3.5 decoder plugins (MTP) are built on it."""
 

@@ -274,7 +274,7 @@ class VisionPrefill(PrefillStrategy):
         if grid is None:
             grid = extra["video_grid_thw"]
         dtype = vlm.vision_tower.patch_embed.proj.weight.dtype
-        if vlm.config.model_type == "qwen3_5":  # (features, deepstack features)
+        if vlm.config.model_type in ("qwen3_5", "qwen3_5_moe"):  # (features, deepstack features)
             features, _ = vlm.vision_tower(pixel_values.astype(dtype), grid)
             return features
         return vlm.vision_tower(pixel_values.astype(dtype), grid, output_hidden_states=False)

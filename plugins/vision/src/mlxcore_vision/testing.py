@@ -323,11 +323,11 @@ def _build_gemma3(folder: Path, seed: int) -> None:
     mx.save_safetensors(str(folder / "model.safetensors"), weights, metadata={"format": "mlx"})
 
 
-def _qwen3_5_vision_config(text_hidden: int) -> dict[str, Any]:
+def _qwen3_5_vision_config(text_hidden: int, model_type: str = "qwen3_5") -> dict[str, Any]:
     # Qwen3.5's vision tower (Qwen3-VL's, without deepstack) at a tiny size: 16-pixel
     # patches, 2x2 merge, learned position embeddings on an 8x8 grid.
     return {
-        "model_type": "qwen3_5",
+        "model_type": model_type,
         "depth": 2,
         "hidden_size": 32,
         "intermediate_size": 64,
@@ -357,15 +357,19 @@ def _qwen3_5_preprocessor() -> dict[str, Any]:
     }
 
 
-def _build_qwen3_5(folder: Path, seed: int, size: str = "tiny") -> None:
-    """A Qwen3.5 vision-language checkpoint in the official layout: the text model of
-    ``mlxcore.testing`` (``model.language_model.*``, zero-centred norms, an ``mtp.*``
-    head) plus a seeded vision tower."""
+def _build_qwen3_5(folder: Path, seed: int, size: str = "tiny", arch: str = "qwen3_5") -> None:
+    """A Qwen3.5 (or Qwen3.5 MoE) vision-language checkpoint in the official layout: the
+    text model of ``mlxcore.testing`` (``model.language_model.*``, zero-centred norms,
+    an ``mtp.*`` head; fused experts for MoE) plus a seeded vision tower."""
     from mlxcore.testing import build_test_model
 
     layers: dict[str, Any] = {"num_hidden_layers": 16} if size == "small" else {}
-    text = build_test_model("qwen3_5", size=size, seed=seed, **layers)
+    text = build_test_model(arch, size=size, seed=seed, **layers)
     add_qwen3_5_vision(text, folder, seed=seed)
+
+
+def _build_qwen3_5_moe(folder: Path, seed: int) -> None:
+    _build_qwen3_5(folder, seed, arch="qwen3_5_moe")
 
 
 def add_qwen3_5_vision(text: Path, folder: Path, *, seed: int = 0) -> None:
@@ -373,10 +377,10 @@ def add_qwen3_5_vision(text: Path, folder: Path, *, seed: int = 0) -> None:
     tokenizer with Qwen's vision tokens) with a seeded vision tower added:
     ``model.visual.*`` tensors (PyTorch conv3d layout), ``vision_config``, the vision
     token ids and Qwen3.5's processor configuration."""
+    import importlib
+
     import mlx.core as mx
     from mlx.utils import tree_flatten
-    from mlx_vlm.models.qwen3_5 import VisionModel
-    from mlx_vlm.models.qwen3_5.config import VisionConfig
 
     folder.mkdir(parents=True, exist_ok=True)
     for item in Path(text).iterdir():
@@ -387,9 +391,11 @@ def add_qwen3_5_vision(text: Path, folder: Path, *, seed: int = 0) -> None:
         t["content"]: t["id"]
         for t in json.loads((folder / "tokenizer.json").read_text())["added_tokens"]
     }
-    config["architectures"] = ["Qwen3_5ForConditionalGeneration"]
+    model_type = str(config["model_type"])  # qwen3_5 or qwen3_5_moe
+    module = importlib.import_module(f"mlx_vlm.models.{model_type}")
     config.update({field: vocab[token] for field, token in _QWEN_SPECIAL.items()})
-    config["vision_config"] = _qwen3_5_vision_config(int(config["text_config"]["hidden_size"]))
+    hidden = int(config["text_config"]["hidden_size"])
+    config["vision_config"] = _qwen3_5_vision_config(hidden, model_type)
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     (folder / "preprocessor_config.json").write_text(json.dumps(_qwen3_5_preprocessor()))
     (folder / "video_preprocessor_config.json").write_text(
@@ -397,7 +403,7 @@ def add_qwen3_5_vision(text: Path, folder: Path, *, seed: int = 0) -> None:
     )
 
     mx.random.seed(seed + 1)
-    tower = VisionModel(VisionConfig.from_dict(config["vision_config"]))
+    tower = module.VisionModel(module.VisionConfig.from_dict(config["vision_config"]))
     tensors = dict(mx.load(str(folder / "model.safetensors")))  # type: ignore[arg-type]
     for name, value in dict(tree_flatten(tower.parameters())).items():
         value = _spread(name, value)
@@ -508,6 +514,7 @@ _BUILDERS = {
     "qwen2_vl": _build_qwen2_vl,
     "qwen2_5_vl": _build_qwen2_5_vl,
     "qwen3_5": _build_qwen3_5,
+    "qwen3_5_moe": _build_qwen3_5_moe,
     "gemma3": _build_gemma3,
     "qwen3_vl": _build_qwen3_vl,
 }

@@ -19,7 +19,9 @@ from mlxcore.server.errors import invalid
 VIDEO_PART_TYPES = frozenset({"video_url", "video"})
 """Content part types carrying a clip: ``{"type": "video_url", "video_url": {"url": ...}}``."""
 
-NATIVE_VIDEO_MODEL_TYPES = frozenset({"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5"})
+NATIVE_VIDEO_MODEL_TYPES = frozenset(
+    {"qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "qwen3_5_moe"}
+)
 """Families whose mlx-vlm processor takes a clip (temporal patches, M-RoPE over time)."""
 
 MIXED_MEDIA_MODEL_TYPES = frozenset({"qwen3_vl"})
