@@ -181,7 +181,7 @@ def test_peak_memory_with_routing_and_mtp_is_that_of_the_vlm_alone(
     weights outweigh the per-step buffers (logits over the 151k vocabulary), which would
     otherwise decide the comparison."""
     model = build_test_vlm("qwen3_5", seed=0, size="small")
-    chat = Reference(build_test_vlm("qwen3_5", seed=0))  # the same tokenizer and template
+    template = Reference(build_test_vlm("qwen3_5", seed=0))  # the same tokenizer and template
     server = start_like_reference(
         mlxcore_server,
         model,
@@ -202,8 +202,8 @@ def test_peak_memory_with_routing_and_mtp_is_that_of_the_vlm_alone(
             "-c",
             _VLM_ALONE,
             str(model),
-            chat.prompt("Tell me a story.", 0),
-            chat.prompt("Describe.", 1),
+            template.prompt("Tell me a story.", 0),
+            template.prompt("Describe.", 1),
             str(TEXT_TOKENS),
         ],
         capture_output=True,
