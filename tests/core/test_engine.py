@@ -12,12 +12,10 @@ import pytest
 from mlx_lm import stream_generate
 from mlx_lm.sample_utils import make_sampler
 
-from mlxcore.cli.runtime import Runtime, build_runtime
-from mlxcore.config import ServerConfig
+from mlxcore.cli.runtime import Runtime
 from mlxcore.engine.events import FinishEvent, TokenEvent
 from mlxcore.engine.request import GenerationRequest, SamplingParams
-from mlxcore.hooks import PluginHooks
-from mlxcore.plugins import PluginSelection, create_plugin_manager, load_plugins
+from mlxcore.testing import make_runtime
 
 PROMPTS = [
     "The quick brown fox",
@@ -29,15 +27,6 @@ PROMPTS = [
     "Roses are red, violets are",
     "In the beginning",
 ]
-
-
-def make_runtime(model: Path, *plugins: str, **config: object) -> Runtime:
-    pm = create_plugin_manager()
-    load_plugins(pm, PluginSelection(enable=plugins, autoload=False))
-    hooks = PluginHooks(pm)
-    cfg = ServerConfig(model=str(model), **config)  # type: ignore[arg-type]
-    hooks.configure(cfg)
-    return build_runtime(cfg, hooks)
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,7 @@ class ServerConfig:
     max_model_len: int | None = None
     max_tokens_default: int = 512
     prefill_step_size: int = 512
+    prefill_batch_size: int = 8
     prefix_cache_size: str = "32768"
     gpu_memory_utilization: float = 0.9
     tool_call_parser: str = "auto"

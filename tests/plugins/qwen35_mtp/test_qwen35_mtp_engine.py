@@ -13,12 +13,10 @@ import pytest
 from mlx_lm import stream_generate
 from mlx_lm.sample_utils import make_sampler
 
-from mlxcore.cli.runtime import Runtime, build_runtime
-from mlxcore.config import ServerConfig
+from mlxcore.cli.runtime import Runtime
 from mlxcore.engine.events import FinishEvent, TokenEvent
 from mlxcore.engine.request import GenerationRequest, SamplingParams
-from mlxcore.hooks import PluginHooks
-from mlxcore.plugins import PluginSelection, create_plugin_manager, load_plugins
+from mlxcore.testing import make_runtime as make_test_runtime
 from mlxcore_qwen35_mtp.head import MTPHead
 
 PROMPTS = [
@@ -30,12 +28,7 @@ PROMPTS = [
 
 
 def make_runtime(model: Path, **options: Any) -> Runtime:
-    pm = create_plugin_manager()
-    load_plugins(pm, PluginSelection(enable=("qwen35-mtp",), autoload=False))
-    hooks = PluginHooks(pm)
-    cfg = ServerConfig(model=str(model), plugin_options=options)
-    hooks.configure(cfg)
-    return build_runtime(cfg, hooks)
+    return make_test_runtime(model, "qwen35-mtp", plugin_options=options)
 
 
 class OracleHead:

@@ -18,13 +18,14 @@ from sp_helpers import masked_reference, prompt_ids
 import mlxcore_specprefill as plugin
 from mlxcore.cli.main import build_parser
 from mlxcore.cli.options import config_from_args
-from mlxcore.cli.runtime import Runtime, build_runtime
+from mlxcore.cli.runtime import Runtime
 from mlxcore.config import ServerConfig
 from mlxcore.engine.events import FinishEvent, TokenEvent
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.errors import UsageError
 from mlxcore.hooks import PluginHooks
 from mlxcore.plugins import PluginSelection, create_plugin_manager, load_plugins
+from mlxcore.testing import make_runtime as make_test_runtime
 from mlxcore_specprefill.sequential import SequentialStack
 
 
@@ -35,10 +36,7 @@ def hooks_with_plugin() -> PluginHooks:
 
 
 def make_runtime(model: Path, **options: Any) -> Runtime:
-    hooks = hooks_with_plugin()
-    cfg = ServerConfig(model=str(model), prefill_step_size=64, plugin_options=options)
-    hooks.configure(cfg)
-    return build_runtime(cfg, hooks)
+    return make_test_runtime(model, "specprefill", plugin_options=options, prefill_step_size=64)
 
 
 def run(rt: Runtime, req: GenerationRequest) -> tuple[list[int], FinishEvent]:

@@ -22,6 +22,7 @@ from mlxcore.media import MediaPart
 from mlxcore.models import resolve_model
 from mlxcore.plugins import PluginSelection, create_plugin_manager, load_plugins
 from mlxcore.server.errors import APIError
+from mlxcore.testing.runtime import make_runtime, submit_together
 from mlxcore_vision.loader import VisionLanguageText
 from mlxcore_vision.media import MediaPolicy, VisionMedia, VisionPayload
 from mlxcore_vision.testing import build_test_vlm
@@ -35,10 +36,7 @@ def _hooks(**options: Any) -> tuple[PluginHooks, ServerConfig]:
 
 
 def _runtime(model: Path) -> Runtime:
-    hooks, _ = _hooks()
-    cfg = ServerConfig(model=str(model))
-    hooks.configure(cfg)
-    return build_runtime(cfg, hooks)
+    return make_runtime(model, "vision")
 
 
 @pytest.fixture(scope="module")
@@ -278,3 +276,34 @@ def test_qwen2_5_vl_image_and_video_through_the_engine(tmp_path: Path) -> None:
             assert tokens == expected
     finally:
         rt.engine.shutdown()
+
+
+@pytest.mark.parametrize("arch", ["qwen2_vl", "qwen3_5"])
+def test_text_requests_arriving_together_share_one_prefill(
+    arch: str, request: pytest.FixtureRequest
+) -> None:
+    """Text requests on a VLM are prefilled in one batch (through the text view for
+    Qwen2-VL, through mlx-lm's model for Qwen3.5) and stay identical to the reference:
+    mlx-vlm's text-only output, or mlx-lm's on the Qwen3.5 checkpoint."""
+    from mlx_lm import stream_generate
+    from mlx_lm.sample_utils import make_sampler
+
+    runtime = request.getfixturevalue("runtime" if arch == "qwen2_vl" else "qwen3_5_runtime")
+    reference = Reference(build_test_vlm(arch))
+    texts = ["Tell me a story.", "List three colours, please.", "Hi"]
+    prompts = [
+        tuple(reference.tokenizer(reference.prompt(t, 0), add_special_tokens=False).input_ids)
+        for t in texts
+    ]
+    before = runtime.engine.prefill.stats()["text_batches"]
+    results = submit_together(runtime, [GenerationRequest(p, 12) for p in prompts])
+    assert runtime.engine.prefill.stats()["text_batches"] == before + 1
+    for text, prompt, result in zip(texts, prompts, results, strict=True):
+        if arch == "qwen2_vl":
+            expected = reference.generate_text_ids(text, 12)
+        else:
+            steps = stream_generate(
+                runtime.model, runtime.tokenizer, list(prompt), 12, sampler=make_sampler(0.0)
+            )
+            expected = [s.token for s in steps]
+        assert result.tokens == expected, text

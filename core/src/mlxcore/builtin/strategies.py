@@ -20,6 +20,7 @@ from mlx_lm.models.cache import (
 from mlxcore import hookimpl
 from mlxcore.builtin.decoder import PlainDecoder
 from mlxcore.config import ServerConfig
+from mlxcore.engine.batch_prefill import cache_is_batchable, prefill_together
 from mlxcore.engine.strategies import (
     CacheLookup,
     CacheStats,
@@ -34,16 +35,45 @@ from mlxcore.engine.strategies import (
 from mlxcore.errors import UsageError
 from mlxcore.model_info import ModelInfo
 
+BATCH_OPTION = "batched_prefill"
+"""Request option: ``{"batched_prefill": false}`` keeps a request out of batched prefill."""
+
 
 class ChunkedPrefill(PrefillStrategy):
     """Processes the prompt in chunks of ``step_size`` tokens, then the last token
-    alone for its logits (the same split as ``mlx_lm.generate``)."""
+    alone for its logits (the same split as ``mlx_lm.generate``).
+
+    Prompts whose remaining part fits in one chunk can also be prefilled together
+    (:meth:`prefill_batch`, mlx-lm's batched prompt processing, see
+    :mod:`mlxcore.engine.batch_prefill`).
+    """
 
     name = "chunked"
 
     def __init__(self, model: Any, step_size: int = 2048) -> None:
         self.model = model
         self.step_size = step_size
+        self._batches = 0
+        self._batched_requests = 0
+
+    def can_batch(self, task: PrefillTask) -> bool:
+        if type(self).prefill is not ChunkedPrefill.prefill:
+            return False  # a subclass changed how a prompt is filled
+        request = task.request
+        if request.media is not None or request.options.get(BATCH_OPTION) is False:
+            return False
+        if len(task.remaining) > self.step_size + 1:
+            return False
+        return cache_is_batchable(task.cache, len(request.prompt_tokens))
+
+    def prefill_batch(self, tasks: Sequence[PrefillTask]) -> list[PrefillResult]:
+        results = prefill_together(self.model, tasks)
+        self._batches += 1
+        self._batched_requests += len(tasks)
+        return results
+
+    def stats(self) -> dict[str, float]:
+        return {"batches": self._batches, "batched_requests": self._batched_requests}
 
     def prefill(self, task: PrefillTask) -> PrefillGenerator:
         tokens = mx.array(list(task.remaining))[None]

@@ -87,6 +87,12 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         "--prefill-step-size", type=_positive, default=2048, help="prefill chunk size"
     )
     engine.add_argument(
+        "--prefill-batch-size",
+        type=_positive,
+        default=8,
+        help="most waiting prompts prefilled together in one forward pass (1: one at a time)",
+    )
+    engine.add_argument(
         "--prefix-cache-size",
         default="32768",
         help="prefix cache budget: tokens (e.g. 32768) or a size (e.g. 512MB); 0 disables",

@@ -4,8 +4,10 @@ Every front end (the CLI's ``generate``, the HTTP server) submits
 :class:`~mlxcore.engine.request.GenerationRequest` objects here and receives
 events through a sink. The thread runs continuous batching: between decode
 steps it admits waiting requests (up to ``max_num_seqs``), advances at most one
-prefill chunk, and retires finished sequences. The strategies (cache, prefill,
-decoder) come from the plugin hooks once, at construction.
+prefill chunk (or prefills several short waiting prompts together, in one forward
+pass, when the prefill strategy can batch them: ``--prefill-batch-size``), and
+retires finished sequences. The strategies (cache, prefill, decoder) come from the
+plugin hooks once, at construction.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from mlxcore.engine.strategies import (
     DecodeSequence,
     LogitsProcessor,
     PrefillGenerator,
+    PrefillResult,
     PrefillTask,
     Sampler,
     SequenceCache,
@@ -67,6 +70,10 @@ class _Live:
     reusable: bool = True
     generated: int = 0
     failed: str | None = None
+    started: bool = False
+    """True once the prefill generator ran a step (the task can no longer be batched)."""
+    solo: bool = False
+    """True after a batched prefill with this task failed: prefill it alone."""
 
     @property
     def request(self) -> GenerationRequest:
@@ -207,7 +214,7 @@ class Engine:
                 for handle in admitted:
                     self._admit(handle)
                 self._retire_cancelled()
-                if self._prefilling:
+                if self._prefilling and not self._prefill_together():
                     self._advance_prefill()
                 if len(self.decoder):
                     self._decode_step()
@@ -272,6 +279,46 @@ class Engine:
 
         return snapshot
 
+    def _batchable(self, live: _Live) -> bool:
+        return (
+            not live.started
+            and not live.solo
+            and live.handle.cancel_reason is None
+            and live.task is not None
+            and self.prefill.can_batch(live.task)
+        )
+
+    def _prefill_together(self) -> bool:
+        """Prefill the waiting head and the not-yet-started prompts that can join it in
+        one batch (``--prefill-batch-size``); False when there was nothing to batch."""
+        cap, budget = self.config.prefill_batch_size, self.config.prefill_step_size
+        if cap < 2 or not self._batchable(self._prefilling[0]):
+            return False
+        group = [self._prefilling[0]]
+        for live in itertools.islice(self._prefilling, 1, None):
+            if len(group) >= cap:
+                break
+            if self._batchable(live) and _cheap_enough([*group, live], budget):
+                group.append(live)
+        if len(group) < 2:
+            return False
+        tasks = [live.task for live in group if live.task is not None]
+        try:
+            results = self.prefill.prefill_batch(tasks)
+            if len(results) != len(group):
+                raise MlxcoreError(f"{len(results)} results for {len(group)} prompts")
+        except Exception:
+            log.exception("batched prefill failed; prefilling these prompts one by one")
+            for live in group:
+                live.solo = True
+            return False
+        for live, result in zip(group, results, strict=True):
+            self._prefilling.remove(live)
+            if live.prefill is not None:
+                live.prefill.close()
+            self._prefilled(live, result)
+        return True
+
     def _advance_prefill(self) -> None:
         live = self._prefilling[0]
         assert live.prefill is not None and live.task is not None
@@ -279,6 +326,7 @@ class Engine:
             self._prefilling.popleft()
             self._finish(live, live.handle.cancel_reason)
             return
+        live.started = True
         try:
             next(live.prefill)
             return
@@ -289,6 +337,11 @@ class Engine:
             self._fail(live, exc)
             return
         self._prefilling.popleft()
+        self._prefilled(live, result)
+
+    def _prefilled(self, live: _Live, result: PrefillResult) -> None:
+        """A prefill finished: sample the first token and hand the sequence to the decoder."""
+        assert live.task is not None
         live.reusable = result.reusable
         live.usage.extra.update(result.usage)
         if result.position_offset and not self.decoder.supports_position_offset:
@@ -404,6 +457,20 @@ class Engine:
     def _fail(self, live: _Live, exc: BaseException) -> None:
         log.error("request %s failed: %s", live.request.request_id or live.handle.uid, exc)
         self._finish(live, "error", f"{type(exc).__name__}: {exc}")
+
+
+_PADDING_SLACK = 256
+"""Padded tokens a batch may always waste (short prompts cost little either way)."""
+
+
+def _cheap_enough(group: list[_Live], budget: int) -> bool:
+    """Batch only while the padded batch (every row as long as the longest remaining
+    prompt) is at most ``budget`` tokens, one prefill chunk, so running streams wait
+    no longer for a batch than for a chunk; and while padding at most doubles the work,
+    give or take :data:`_PADDING_SLACK` tokens."""
+    lengths = [len(live.task.remaining) for live in group if live.task is not None]
+    padded = len(lengths) * max(lengths)
+    return padded <= budget and padded <= 2 * sum(lengths) + _PADDING_SLACK
 
 
 def _guard(live: _Live, proc: LogitsProcessor) -> LogitsProcessor:

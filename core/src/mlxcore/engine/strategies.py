@@ -188,6 +188,25 @@ class PrefillStrategy(abc.ABC):
     def prefill(self, task: PrefillTask) -> PrefillGenerator:
         """Run the prefill as a generator (see :data:`PrefillGenerator`)."""
 
+    def can_batch(self, task: PrefillTask) -> bool:
+        """True when :meth:`prefill_batch` may take ``task`` (optional capability).
+
+        The engine asks only about tasks whose :meth:`prefill` generator has not
+        started. The default is ``False``: every task goes through :meth:`prefill`.
+        """
+        return False
+
+    def prefill_batch(self, tasks: Sequence[PrefillTask]) -> list[PrefillResult]:
+        """Prefill several tasks together, in one engine step (optional capability).
+
+        Called with two or more tasks for which :meth:`can_batch` said ``True``. Fills
+        each ``task.cache`` (a strategy may replace the list) exactly as :meth:`prefill`
+        would, calls ``task.snapshot`` at the checkpoints, and returns one result per
+        task, in order. If it raises, the tasks' caches must be as they were: the engine
+        then prefills them one by one through :meth:`prefill`.
+        """
+        raise NotImplementedError(f"prefill strategy {self.name!r} does not batch")
+
     def stats(self) -> dict[str, float]:
         """Strategy-specific counters for /metrics (e.g. applications, time saved)."""
         return {}

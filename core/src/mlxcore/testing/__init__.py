@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         model_cache_key,
         read_manifest,
     )
+    from mlxcore.testing.runtime import make_runtime
 
 _LAZY = {
     "BUILDER_VERSION": "mlxcore.testing.model_specs",
@@ -45,6 +46,7 @@ _LAZY = {
     "model_cache_key": "mlxcore.testing.models",
     "read_manifest": "mlxcore.testing.models",
     "ParserConformance": "mlxcore.testing.conformance",
+    "make_runtime": "mlxcore.testing.runtime",
 }
 
 __all__ = [
@@ -55,6 +57,7 @@ __all__ = [
     "available_architectures",
     "build_test_model",
     "default_test_models_root",
+    "make_runtime",
     "model_cache_key",
     "read_manifest",
     "register_model_spec",

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -155,8 +156,20 @@ class VisionPrefill(PrefillStrategy):
         self.requests = {"text": 0, "vision": 0}
         self.vision_tokens = 0
 
+    def can_batch(self, task: PrefillTask) -> bool:
+        """Text requests batch as the text path's chunked prefill allows; media never."""
+        return task.request.media is None and self.text.can_batch(task)
+
+    def prefill_batch(self, tasks: Sequence[PrefillTask]) -> list[PrefillResult]:
+        results = self.text.prefill_batch(tasks)
+        self.requests["text"] += len(tasks)
+        for task in tasks:
+            log.info("request %s: text path (batched prefill)", task.request.request_id)
+        return results
+
     def stats(self) -> dict[str, float]:
         return {
+            **{f"text_{k}": v for k, v in self.text.stats().items()},
             "vision_requests_text_path": self.requests["text"],
             "vision_requests_vision_path": self.requests["vision"],
             "vision_encoder_runs": self.encodings.misses,

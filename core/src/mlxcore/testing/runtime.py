@@ -1,0 +1,71 @@
+"""An in-process runtime for engine-level tests: the real loader, engine and strategies."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mlxcore.cli.runtime import Runtime
+    from mlxcore.engine.events import FinishEvent
+    from mlxcore.engine.request import GenerationRequest
+
+
+def make_runtime(
+    model: Path | str,
+    *plugins: str,
+    plugin_options: dict[str, Any] | None = None,
+    **config: Any,
+) -> Runtime:
+    """Load ``model`` with the built-ins and only the ``plugins`` named (no autoloading),
+    configured like ``mlxcore serve`` would be: ``config`` sets :class:`ServerConfig`
+    fields, ``plugin_options`` the plugins' own flags. Call ``runtime.engine.shutdown()``
+    when done."""
+    from mlxcore.cli.runtime import build_runtime
+    from mlxcore.config import ServerConfig
+    from mlxcore.hooks import PluginHooks
+    from mlxcore.plugins import PluginSelection, create_plugin_manager, load_plugins
+
+    pm = create_plugin_manager()
+    load_plugins(pm, PluginSelection(enable=plugins, autoload=False))
+    hooks = PluginHooks(pm)
+    cfg = ServerConfig(model=str(model), plugin_options=plugin_options or {}, **config)
+    hooks.configure(cfg)
+    return build_runtime(cfg, hooks)
+
+
+class Result:
+    """What one request received through its sink: tokens, the finish event."""
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []
+        self.finish: FinishEvent | None = None
+        self.done = threading.Event()
+
+    def sink(self, event: object) -> None:
+        """The engine's event sink for this request."""
+        from mlxcore.engine.events import FinishEvent, TokenEvent
+
+        if isinstance(event, TokenEvent):
+            self.tokens.extend(t.token for t in event.tokens)
+        elif isinstance(event, FinishEvent):
+            self.finish = event
+            self.done.set()
+
+
+def submit_together(
+    rt: Runtime, requests: Sequence[GenerationRequest], timeout: float = 120.0
+) -> list[Result]:
+    """Submit ``requests`` so that the engine admits them in one loop iteration (its
+    thread waits on the queue's lock while they go in: what batched prefill needs to
+    see), and wait until every one has finished."""
+    results = [Result() for _ in requests]
+    with rt.engine._wake:
+        for request, result in zip(requests, results, strict=True):
+            rt.engine.submit(request, result.sink)
+    for result in results:
+        if not result.done.wait(timeout):
+            raise TimeoutError("a request never finished")
+    return results
