@@ -3,8 +3,8 @@
 ``mlxcore_server`` is a factory: ``start(model, *flags)`` launches
 ``python -m mlxcore serve MODEL --port PORT --log-level warning *flags``, waits for
 ``GET /health`` to answer 200 and returns a :class:`Server`. Servers are stopped with
-SIGINT (then SIGKILL) by :meth:`Server.stop`, and any still running at the end of the
-session are stopped then.
+SIGINT (then SIGKILL) by :meth:`Server.stop`, and any still running when their test
+module ends are stopped then (``mlxcore_session_server``'s at the end of the session).
 
 ``qwen_server`` is the shared, session-scoped server on ``tiny_qwen3`` with two served
 names and an API key; tests that need special flags start their own module-scoped one.
@@ -24,9 +24,11 @@ MODEL_NAMES = ("tiny-qwen3", "alias-qwen")
 
 
 @pytest.fixture(scope="session")
-def qwen_server(mlxcore_server: ServerFactory, tiny_qwen3: Path) -> Server:
+def qwen_server(mlxcore_session_server: ServerFactory, tiny_qwen3: Path) -> Server:
     """``tiny_qwen3`` served as ``tiny-qwen3`` and ``alias-qwen``, API key ``test-key``."""
-    return mlxcore_server(tiny_qwen3, "--served-model-name", *MODEL_NAMES, "--api-key", API_KEY)
+    return mlxcore_session_server(
+        tiny_qwen3, "--served-model-name", *MODEL_NAMES, "--api-key", API_KEY
+    )
 
 
 @pytest.fixture

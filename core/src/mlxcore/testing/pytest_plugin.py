@@ -10,8 +10,10 @@ Registered through the ``pytest11`` entry point, so any project that installs ml
 ``tiny_llama``, ``tiny_qwen3``, ``tiny_qwen3_5``, ``tiny_qwen3_5_moe``, ``tiny_gemma4``
     session-scoped paths of the default tiny model of each family.
 ``mlxcore_server``
-    session-scoped factory ``(model, *flags) -> Server`` starting real ``mlxcore serve``
-    subprocesses on free ports (see :mod:`mlxcore.testing.server`), all stopped at the end.
+    module-scoped factory ``(model, *flags) -> Server`` starting real ``mlxcore serve``
+    subprocesses on free ports (see :mod:`mlxcore.testing.server`), stopped when the
+    module's tests end; ``mlxcore_session_server`` is the same for servers shared by the
+    whole session.
 
 This module is imported in every pytest run: it must stay cheap (mlx is imported only
 when a fixture builds a model).
@@ -68,11 +70,26 @@ def tiny_gemma4(mlxcore_model_factory: ModelFactory) -> Path:
     return mlxcore_model_factory("gemma4_text")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def mlxcore_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """Start ``mlxcore serve`` subprocesses: ``mlxcore_server(model, *flags) -> Server``."""
+    """Start ``mlxcore serve`` subprocesses: ``mlxcore_server(model, *flags) -> Server``.
+
+    Module-scoped: the servers a test module started stop when it finishes, so a long
+    session does not accumulate one live server (hundreds of MB) per module.
+    """
     from mlxcore.testing.server import ServerPool
 
     pool = ServerPool(tmp_path_factory.mktemp("mlxcore-servers"))
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(scope="session")
+def mlxcore_session_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Like ``mlxcore_server``, for servers shared by the whole session (stopped at its
+    end): ``mlxcore_session_server(model, *flags) -> Server``."""
+    from mlxcore.testing.server import ServerPool
+
+    pool = ServerPool(tmp_path_factory.mktemp("mlxcore-session-servers"))
     yield pool
     pool.close()

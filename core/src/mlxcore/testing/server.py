@@ -2,9 +2,10 @@
 
 :class:`ServerPool` starts ``python -m mlxcore serve MODEL --port PORT *flags`` on a
 free port, waits for ``GET /health`` and stops every server it started when closed.
-The pytest plugin exposes it as the session fixture ``mlxcore_server``
-(``mlxcore_server(model, *flags) -> Server``), for this project's tests and for
-third-party plugin authors alike.
+The pytest plugin exposes it as the module fixture ``mlxcore_server`` (servers stop
+when the module's tests end) and the session fixture ``mlxcore_session_server``
+(``(model, *flags) -> Server``), for this project's tests and for third-party plugin
+authors alike.
 """
 
 from __future__ import annotations
