@@ -186,6 +186,26 @@ def _qwen2_5_vl_config(token_ids: dict[str, int], eos: int, vocab_size: int) -> 
     return config
 
 
+def _write_qwen_tokenizer(folder: Path) -> tuple[dict[str, int], dict[str, int], int]:
+    """Write the real Qwen tokenizer with Qwen3.5's official chat template (ChatML that
+    renders image and video parts as ``<|vision_start|><|image_pad|><|vision_end|>``, the
+    placeholders of Qwen-VL processors). Returns the special tokens' ids, the config's
+    vision token fields, and the vocabulary size: one embedding row per token the
+    tokenizer knows (the published checkpoints pad to 151936; ids past the tokenizer
+    would be undecodable in a random model's output)."""
+    tokenizer = json.loads(_asset("qwen3-tokenizer", "tokenizer.json"))
+    tok_config = json.loads(_asset("qwen3-tokenizer", "tokenizer_config.json"))
+    vocab = {t["content"]: t["id"] for t in tokenizer["added_tokens"]}
+    template = _asset("chat-templates", "Qwen3.5-4B.jinja")
+    tok_config["chat_template"] = template
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False))
+    (folder / "tokenizer_config.json").write_text(json.dumps(tok_config, ensure_ascii=False))
+    (folder / "chat_template.jinja").write_text(template)
+    token_ids = {field: vocab[token] for field, token in _QWEN_SPECIAL.items()}
+    vocab_size = max(max(tokenizer["model"]["vocab"].values()), *vocab.values()) + 1
+    return vocab, token_ids, vocab_size
+
+
 def _build_qwen2_vl(folder: Path, seed: int) -> None:
     _build_qwen_vl(folder, seed, "qwen2_vl")
 
@@ -202,26 +222,13 @@ def _build_qwen_vl(folder: Path, seed: int, arch: str) -> None:
 
     module = importlib.import_module(f"mlx_vlm.models.{arch}")
 
-    tokenizer = json.loads(_asset("qwen3-tokenizer", "tokenizer.json"))
-    tok_config = json.loads(_asset("qwen3-tokenizer", "tokenizer_config.json"))
-    vocab = {t["content"]: t["id"] for t in tokenizer["added_tokens"]}
-    token_ids = {field: vocab[token] for field, token in _QWEN_SPECIAL.items()}
+    vocab, token_ids, vocab_size = _write_qwen_tokenizer(folder)
     eos = vocab["<|im_end|>"]
-    # Qwen3.5's official template: ChatML that renders image and video parts as
-    # <|vision_start|><|image_pad|><|vision_end|>, the placeholders of Qwen-VL processors.
-    template = _asset("chat-templates", "Qwen3.5-4B.jinja")
-    tok_config["chat_template"] = template
-    (folder / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False))
-    (folder / "tokenizer_config.json").write_text(json.dumps(tok_config, ensure_ascii=False))
-    (folder / "chat_template.jinja").write_text(template)
     preprocessor = _qwen2_vl_preprocessor()
     if arch == "qwen2_5_vl":
         preprocessor["processor_class"] = "Qwen2_5_VLProcessor"
     (folder / "preprocessor_config.json").write_text(json.dumps(preprocessor))
 
-    # One embedding row per token the tokenizer knows (the published checkpoints pad to
-    # 151936; ids past the tokenizer would be undecodable in a random model's output).
-    vocab_size = max(max(tokenizer["model"]["vocab"].values()), *vocab.values()) + 1
     make_config = _qwen2_5_vl_config if arch == "qwen2_5_vl" else _qwen2_vl_config
     config = make_config(token_ids, eos, vocab_size)
     (folder / "config.json").write_text(json.dumps(config, indent=2))
@@ -323,9 +330,11 @@ def _build_gemma3(folder: Path, seed: int) -> None:
     mx.save_safetensors(str(folder / "model.safetensors"), weights, metadata={"format": "mlx"})
 
 
-def _qwen3_5_vision_config(text_hidden: int, model_type: str = "qwen3_5") -> dict[str, Any]:
-    # Qwen3.5's vision tower (Qwen3-VL's, without deepstack) at a tiny size: 16-pixel
-    # patches, 2x2 merge, learned position embeddings on an 8x8 grid.
+def _qwen3_vision_config(
+    text_hidden: int, model_type: str, deepstack: tuple[int, ...] = ()
+) -> dict[str, Any]:
+    # The Qwen3-VL vision tower (Qwen3.5's is the same without deepstack) at a tiny size:
+    # 16-pixel patches, 2x2 merge, learned position embeddings on an 8x8 grid.
     return {
         "model_type": model_type,
         "depth": 2,
@@ -338,12 +347,12 @@ def _qwen3_5_vision_config(text_hidden: int, model_type: str = "qwen3_5") -> dic
         "temporal_patch_size": 2,
         "num_position_embeddings": 64,
         "in_channels": 3,
-        "deepstack_visual_indexes": [],
+        "deepstack_visual_indexes": list(deepstack),
     }
 
 
-def _qwen3_5_preprocessor() -> dict[str, Any]:
-    # The fields of Qwen3.5's published preprocessor_config.json, with a small
+def _qwen3_vision_preprocessor() -> dict[str, Any]:
+    # The fields of Qwen3-VL's and Qwen3.5's published preprocessor_config.json, with a small
     # longest_edge so test images stay a few dozen vision tokens.
     return {
         "image_processor_type": "Qwen2VLImageProcessorFast",
@@ -395,11 +404,11 @@ def add_qwen3_5_vision(text: Path, folder: Path, *, seed: int = 0) -> None:
     module = importlib.import_module(f"mlx_vlm.models.{model_type}")
     config.update({field: vocab[token] for field, token in _QWEN_SPECIAL.items()})
     hidden = int(config["text_config"]["hidden_size"])
-    config["vision_config"] = _qwen3_5_vision_config(hidden, model_type)
+    config["vision_config"] = _qwen3_vision_config(hidden, model_type)
     (folder / "config.json").write_text(json.dumps(config, indent=2))
-    (folder / "preprocessor_config.json").write_text(json.dumps(_qwen3_5_preprocessor()))
+    (folder / "preprocessor_config.json").write_text(json.dumps(_qwen3_vision_preprocessor()))
     (folder / "video_preprocessor_config.json").write_text(
-        json.dumps({**_qwen3_5_preprocessor(), "fps": 2, "min_frames": 2, "max_frames": 8})
+        json.dumps({**_qwen3_vision_preprocessor(), "fps": 2, "min_frames": 2, "max_frames": 8})
     )
 
     mx.random.seed(seed + 1)
@@ -444,36 +453,8 @@ def _qwen3_vl_config(token_ids: dict[str, int], eos: int, vocab_size: int) -> di
         "eos_token_id": eos,
         **token_ids,
         "text_config": text,
-        "vision_config": {
-            "model_type": "qwen3_vl",
-            "depth": 2,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "out_hidden_size": 64,
-            "num_heads": 2,
-            "patch_size": 16,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
-            "num_position_embeddings": 64,
-            "in_channels": 3,
-            # deepstack: both blocks feed the first two text layers
-            "deepstack_visual_indexes": [0, 1],
-        },
-    }
-
-
-def _qwen3_vl_preprocessor() -> dict[str, Any]:
-    # The fields of Qwen3-VL's published preprocessor_config.json, with a small
-    # longest_edge so test images stay a few dozen vision tokens.
-    return {
-        "image_processor_type": "Qwen2VLImageProcessorFast",
-        "processor_class": "Qwen3VLProcessor",
-        "patch_size": 16,
-        "temporal_patch_size": 2,
-        "merge_size": 2,
-        "size": {"shortest_edge": 64 * 64, "longest_edge": 128 * 128},
-        "image_mean": [0.5, 0.5, 0.5],
-        "image_std": [0.5, 0.5, 0.5],
+        # deepstack: both vision blocks feed the first two text layers
+        "vision_config": _qwen3_vision_config(64, "qwen3_vl", deepstack=(0, 1)),
     }
 
 
@@ -486,20 +467,11 @@ def _build_qwen3_vl(folder: Path, seed: int) -> None:
     from mlx.utils import tree_flatten
     from mlx_vlm.models import qwen3_vl
 
-    tokenizer = json.loads(_asset("qwen3-tokenizer", "tokenizer.json"))
-    tok_config = json.loads(_asset("qwen3-tokenizer", "tokenizer_config.json"))
-    vocab = {t["content"]: t["id"] for t in tokenizer["added_tokens"]}
-    token_ids = {field: vocab[token] for field, token in _QWEN_SPECIAL.items()}
-    template = _asset("chat-templates", "Qwen3.5-4B.jinja")
-    tok_config["chat_template"] = template
-    (folder / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False))
-    (folder / "tokenizer_config.json").write_text(json.dumps(tok_config, ensure_ascii=False))
-    (folder / "chat_template.jinja").write_text(template)
-    (folder / "preprocessor_config.json").write_text(json.dumps(_qwen3_vl_preprocessor()))
+    vocab, token_ids, vocab_size = _write_qwen_tokenizer(folder)
+    (folder / "preprocessor_config.json").write_text(json.dumps(_qwen3_vision_preprocessor()))
     (folder / "video_preprocessor_config.json").write_text(
-        json.dumps({**_qwen3_vl_preprocessor(), "fps": 2, "min_frames": 2, "max_frames": 8})
+        json.dumps({**_qwen3_vision_preprocessor(), "fps": 2, "min_frames": 2, "max_frames": 8})
     )
-    vocab_size = max(max(tokenizer["model"]["vocab"].values()), *vocab.values()) + 1
     config = _qwen3_vl_config(token_ids, vocab["<|im_end|>"], vocab_size)
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     mx.random.seed(seed)
