@@ -11,10 +11,17 @@ import concurrent.futures
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from conftest import start_like_reference
-from vision_helpers import Reference, data_uri, make_video, noise_image, video_uri
+from vision_helpers import (
+    Reference,
+    chat_request,
+    make_video,
+    media_content,
+    noise_image,
+    tokens_of,
+    video_uri,
+)
 
 from mlxcore.testing.server import Server, ServerFactory
 
@@ -36,23 +43,7 @@ def gemma_reference(tiny_gemma3_vl: Path) -> Reference:
 
 
 def ask(server: Server, content: Any, max_tokens: int = MAX_TOKENS) -> list[str]:
-    body = {
-        "model": "tiny-gemma3",
-        "messages": [{"role": "user", "content": content}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "logprobs": True,
-    }
-    reply = httpx.post(f"{server.v1}/chat/completions", json=body, timeout=120)
-    assert reply.status_code == 200, reply.text
-    return [t["token"] for t in reply.json()["choices"][0]["logprobs"]["content"]]
-
-
-def image_content(text: str, image: Any) -> list[dict[str, Any]]:
-    return [
-        {"type": "image_url", "image_url": {"url": data_uri(image)}},
-        {"type": "text", "text": text},
-    ]
+    return tokens_of(chat_request(server, "tiny-gemma3", content, max_tokens, no_thinking=False))
 
 
 def test_gemma3_image_alone_and_in_a_batch(
@@ -62,12 +53,12 @@ def test_gemma3_image_alone_and_in_a_batch(
     expected = [gemma_reference.generate("Describe.", [im], MAX_TOKENS)[0] for im in images]
     assert expected[0] != expected[1]  # the image matters
     for image, ids in zip(images, expected, strict=True):
-        assert ask(gemma_server, image_content("Describe.", image)) == gemma_reference.texts(ids)
+        assert ask(gemma_server, media_content("Describe.", image)) == gemma_reference.texts(ids)
     texts = ["Tell me a story.", "List three colours.", "Say hello."]
     text_expected = [gemma_reference.generate_text_ids(t, 48) for t in texts]
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         running = [pool.submit(ask, gemma_server, t, 48) for t in texts]
-        image_reply = pool.submit(ask, gemma_server, image_content("Describe.", images[0]))
+        image_reply = pool.submit(ask, gemma_server, media_content("Describe.", images[0]))
         assert image_reply.result() == gemma_reference.texts(expected[0])
         for future, ids in zip(running, text_expected, strict=True):
             assert future.result() == gemma_reference.texts(ids)

@@ -21,8 +21,9 @@ import pytest
 from conftest import start_like_reference
 from vision_helpers import (
     Reference,
-    data_uri,
+    chat_request,
     make_video,
+    media_content,
     metric,
     noise_image,
     tokens_of,
@@ -93,26 +94,11 @@ def text_reference(tiny_qwen3_5_vl: Path, vlm_reference: Reference) -> TextRefer
 
 
 def chat(server: Server, content: Any, max_tokens: int, logprobs: bool = True) -> httpx.Response:
-    body = {
-        "model": "tiny-qwen35-vl",
-        "messages": [{"role": "user", "content": content}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "logprobs": logprobs,
-        "chat_template_kwargs": {"enable_thinking": False},
-    }
-    return httpx.post(f"{server.v1}/chat/completions", json=body, timeout=120)
+    return chat_request(server, "tiny-qwen35-vl", content, max_tokens, logprobs=logprobs)
 
 
 def ask(server: Server, content: Any, max_tokens: int = MAX_TOKENS) -> list[str]:
     return tokens_of(chat(server, content, max_tokens))
-
-
-def image_content(text: str, image: Any) -> list[dict[str, Any]]:
-    return [
-        {"type": "image_url", "image_url": {"url": data_uri(image)}},
-        {"type": "text", "text": text},
-    ]
 
 
 def test_text_requests_take_the_text_path_with_mtp_lossless(
@@ -140,12 +126,12 @@ def test_image_requests_beside_speculating_text_requests(
     vision_path = metric(mtp_server, "mlxcore_prefill_vision_requests_vision_path")
     offset = metric(mtp_server, "mlxcore_decoder_speculative_plain_offset")
     for image, ids in zip(images, expected, strict=True):
-        assert ask(mtp_server, image_content("Describe.", image)) == vlm_reference.texts(ids)
+        assert ask(mtp_server, media_content("Describe.", image)) == vlm_reference.texts(ids)
     texts = TEXTS[:3]
     text_expected = [text_reference.generate(t, TEXT_TOKENS) for t in texts]
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         running = [pool.submit(ask, mtp_server, t, TEXT_TOKENS) for t in texts]
-        image_reply = pool.submit(ask, mtp_server, image_content("Describe.", images[0]))
+        image_reply = pool.submit(ask, mtp_server, media_content("Describe.", images[0]))
         assert image_reply.result() == vlm_reference.texts(expected[0])
         assert [f.result() for f in running] == text_expected
     assert metric(mtp_server, "mlxcore_prefill_vision_requests_vision_path") == vision_path + 3
@@ -193,7 +179,7 @@ def test_peak_memory_with_routing_and_mtp_is_that_of_the_vlm_alone(
         "2",
     )
     loaded = metric(server, "mlxcore_memory_active_bytes")
-    for content in ("Tell me a story.", image_content("Describe.", noise_image(5))):
+    for content in ("Tell me a story.", media_content("Describe.", noise_image(5))):
         assert chat(server, content, TEXT_TOKENS, logprobs=False).status_code == 200
     peak = metric(server, "mlxcore_memory_peak_bytes")
     run = subprocess.run(

@@ -19,12 +19,12 @@ import pytest
 from conftest import start_like_reference
 from vision_helpers import (
     Reference,
-    data_uri,
+    chat_request,
     make_video,
+    media_content,
     metric,
     noise_image,
     tokens_of,
-    video_uri,
 )
 
 from mlxcore.testing.server import Server, ServerFactory
@@ -70,32 +70,13 @@ def clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def chat(
     server: Server, content: Any, max_tokens: int = MAX_TOKENS, system: str | None = None
 ) -> httpx.Response:
-    messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
-    messages.append({"role": "user", "content": content})
-    body = {
-        "model": NAME,
-        "messages": messages,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "logprobs": True,
-        "chat_template_kwargs": {"enable_thinking": False},
-    }
-    return httpx.post(f"{server.v1}/chat/completions", json=body, timeout=120)
+    return chat_request(server, NAME, content, max_tokens, system=system)
 
 
-def ask(server: Server, content: Any, max_tokens: int = MAX_TOKENS, **kw: Any) -> list[str]:
-    return tokens_of(chat(server, content, max_tokens, **kw))
-
-
-def media_content(text: str, *media: Any) -> list[dict[str, Any]]:
-    """Content parts: each image (PIL) or clip (``Path``) in order, then ``text``."""
-    parts: list[dict[str, Any]] = []
-    for item in media:
-        if isinstance(item, Path):
-            parts.append({"type": "video_url", "video_url": {"url": video_uri(item)}})
-        else:
-            parts.append({"type": "image_url", "image_url": {"url": data_uri(item)}})
-    return [*parts, {"type": "text", "text": text}]
+def ask(
+    server: Server, content: Any, max_tokens: int = MAX_TOKENS, system: str | None = None
+) -> list[str]:
+    return tokens_of(chat(server, content, max_tokens, system))
 
 
 def expected(reference: Reference, text: str, *media: Any, system: str | None = None) -> list[str]:

@@ -158,3 +158,40 @@ def metric(server: Server, name: str) -> float:
     found = re.search(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? ([0-9.e+-]+)$", text, re.M)
     assert found, f"{name} not in /metrics:\n{text}"
     return float(found.group(1))
+
+
+def chat_request(
+    server: Server,
+    model: str,
+    content: Any,
+    max_tokens: int,
+    *,
+    system: str | None = None,
+    logprobs: bool = True,
+    no_thinking: bool = True,
+) -> httpx.Response:
+    """A greedy, non-streamed chat completion with one user message of ``content``
+    (after ``system`` when given); thinking off unless ``no_thinking`` is False."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+    messages.append({"role": "user", "content": content})
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "logprobs": logprobs,
+    }
+    if no_thinking:
+        body["chat_template_kwargs"] = {"enable_thinking": False}
+    return httpx.post(f"{server.v1}/chat/completions", json=body, timeout=120)
+
+
+def media_content(text: str, *media: Any) -> list[dict[str, Any]]:
+    """Content parts: each image (PIL) or clip (``Path``) in order, then ``text``."""
+    parts: list[dict[str, Any]] = []
+    for item in media:
+        if isinstance(item, Path):
+            parts.append({"type": "video_url", "video_url": {"url": video_uri(item)}})
+        else:
+            parts.append({"type": "image_url", "image_url": {"url": data_uri(item)}})
+    return [*parts, {"type": "text", "text": text}]
