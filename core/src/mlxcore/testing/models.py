@@ -21,7 +21,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -109,13 +109,29 @@ def build_test_model(
     spec = _spec_for(arch, size)
     name = model_cache_key(arch, size=size, seed=seed, **config_overrides)
     base = Path(root).expanduser() if root is not None else default_test_models_root()
-    target = base / name
-    if _is_complete(target):
-        return target
+    return build_folder_once(
+        base,
+        name,
+        lambda tmp: _build_into(tmp, spec, size=size, seed=seed, overrides=config_overrides),
+    )
 
+
+def build_folder_once(
+    base: Path, name: str, build: Callable[[Path], None], manifest: str = MANIFEST_NAME
+) -> Path:
+    """``base / name``, built by ``build(folder)`` unless a complete one exists.
+
+    ``build`` fills a private temporary folder and must write ``manifest`` last; the
+    folder then appears by an atomic rename. A file lock makes concurrent builders
+    (pytest-xdist workers, parallel CI jobs) wait for one build; folders without a
+    manifest and leftovers of killed builds are removed.
+    """
+    target = base / name
+    if (target / manifest).is_file():
+        return target
     base.mkdir(parents=True, exist_ok=True)
     with _build_lock(base / f".{name}.lock"):
-        if _is_complete(target):  # another process built it while we waited
+        if (target / manifest).is_file():  # another process built it while we waited
             return target
         if target.exists():  # a folder without manifest is not ours to trust
             logger.warning("removing incomplete test model folder %s", target)
@@ -125,11 +141,11 @@ def build_test_model(
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=base))
         try:
             os.chmod(tmp, 0o777 & ~_current_umask())  # mkdtemp makes it private (0700)
-            _build_into(tmp, spec, size=size, seed=seed, overrides=config_overrides)
+            build(tmp)
             try:
                 os.rename(tmp, target)
             except OSError:
-                if not _is_complete(target):
+                if not (target / manifest).is_file():
                     raise
                 # Someone without the lock (another OS) finished first: theirs is as good.
         finally:
@@ -151,10 +167,6 @@ def _current_umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
-
-
-def _is_complete(folder: Path) -> bool:
-    return (folder / MANIFEST_NAME).is_file()
 
 
 @contextlib.contextmanager
@@ -302,6 +314,7 @@ def read_manifest(folder: Path) -> dict[str, Any]:
 
 __all__ = [
     "MANIFEST_NAME",
+    "build_folder_once",
     "build_test_model",
     "default_test_models_root",
     "model_cache_key",

@@ -7,8 +7,8 @@ float32 weights of mlx-vlm's own model class, the family's real tokenizer (from
 and the processor configuration (``preprocessor_config.json``) with the family's real
 fields. Nothing is mocked: tests load the folder with the real loaders.
 
-Builds are cached by a hash of their arguments under ``default_test_models_root()``; a
-finished folder appears by an atomic rename, so concurrent builders never see half a model.
+Builds are cached by a hash of their arguments under ``default_test_models_root()``, with
+``mlxcore.testing``'s locked, atomic builder: concurrent builders never see half a model.
 """
 
 from __future__ import annotations
@@ -16,9 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import lzma
-import os
 import shutil
-import tempfile
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -120,28 +118,18 @@ def build_test_vlm(
         fields["size"] = size
     key = json.dumps(fields, sort_keys=True)
     name = f"vlm-{arch}-{size}-seed{seed}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    from mlxcore.testing.models import build_folder_once
+
     base = Path(root) if root is not None else default_test_models_root()
-    target = base / name
-    if (target / _MANIFEST).is_file():
-        return target
-    base.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=base))
-    try:
-        os.chmod(tmp, 0o755)
+
+    def build(folder: Path) -> None:
         if arch == "qwen3_5":
-            _build_qwen3_5(tmp, seed, size)
+            _build_qwen3_5(folder, seed, size)
         else:
-            _BUILDERS[arch](tmp, seed)
-        (tmp / _MANIFEST).write_text(key)
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not (target / _MANIFEST).is_file():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+            _BUILDERS[arch](folder, seed)
+        (folder / _MANIFEST).write_text(key)
+
+    return build_folder_once(base, name, build, manifest=_MANIFEST)
 
 
 def _spread(name: str, value: Any) -> Any:
