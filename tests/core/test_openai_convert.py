@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mlxcore.builtin.openai import convert
+from mlxcore.engine.validation import RequestRejected, check_stops
 from mlxcore.builtin.openai.schemas import ChatCompletionRequest, Message
 from mlxcore.server.errors import APIError
 
@@ -92,6 +93,7 @@ def test_max_tokens_and_stops() -> None:
         convert.max_tokens(0, 512, None)
     with pytest.raises(APIError):
         convert.max_tokens(10**30, 512, 4096)
-    assert convert.stop_strings("x") == ["x"]
-    with pytest.raises(APIError):
-        convert.stop_strings(["s"] * 17)
+    assert convert.stop_list("x") == ["x"]
+    assert check_stops(["a", ""]) == ["a"]
+    with pytest.raises(RequestRejected, match="at most 16"):
+        check_stops(["s"] * 17, "stop_sequences")

@@ -244,30 +244,32 @@ def test_prompt_beyond_the_model_context_is_400(http: httpx.Client) -> None:
 def test_a_huge_prompt_does_not_stall_other_requests(
     http: httpx.Client, qwen_server: Server
 ) -> None:
-    """Rendering and tokenizing a ~2.6 MB prompt takes seconds; /health must keep
-    answering meanwhile (the work is off the event loop)."""
-    big = "hello world, " * 200_000  # ~2.6 MB, 0.6M tokens: ~3 s to tokenize
-    result: list[httpx.Response] = []
+    """A ~2.6 MB prompt (0.6M tokens, ~3 s to tokenize) can never fit the context: it is
+    refused from its size before it is templated or tokenized, so neither it nor the
+    small requests sent beside it wait (issue: two such prompts held a tiny request
+    up for 8 s on one shared preparation thread)."""
+    big = "hello world, " * 200_000
+    started = time.monotonic()
+    body = chat_body(max_tokens=1, messages=[{"role": "user", "content": big}])
+    results: list[httpx.Response] = []
+    senders = [
+        threading.Thread(target=lambda: results.append(http.post(CHAT, json=body)))
+        for _ in range(2)
+    ]
+    for sender in senders:
+        sender.start()
+    small = http.post(CHAT, json=chat_body(max_tokens=1))
+    small_took = time.monotonic() - started
+    for sender in senders:
+        sender.join()
+    assert small.status_code == 200, small.text
+    assert len(results) == 2
+    for r in results:
+        error = assert_error(r, 400, "messages")
+        assert error["code"] == "context_length_exceeded"
+        assert "characters" in error["message"]
+    assert small_took < 5.0, f"a tiny request took {small_took:.1f}s beside two huge prompts"
 
-    def send() -> None:
-        body = chat_body(max_tokens=1, messages=[{"role": "user", "content": big}])
-        result.append(http.post(CHAT, json=body))
-
-    sender = threading.Thread(target=send)
-    sender.start()
-    slowest = 0.0
-    polls = 0
-    while sender.is_alive():
-        started = time.monotonic()
-        qwen_server.health(timeout=60)
-        slowest = max(slowest, time.monotonic() - started)
-        polls += 1
-        time.sleep(0.05)
-    sender.join()
-    assert result, "the big request got no answer"
-    assert assert_error(result[0], 400, "messages")["code"] == "context_length_exceeded"
-    assert slowest < 1.5, f"/health took {slowest:.1f}s while a big prompt was prepared"
-    assert polls >= 3, "the big request was too quick to measure anything"
 
 
 def test_huge_top_k_is_not_a_server_error(http: httpx.Client) -> None:

@@ -38,6 +38,13 @@ class ServerConfig:
     api_key: str | None = None
     allowed_origins: tuple[str, ...] = ()
     max_request_body_bytes: int = 8 * 1024 * 1024
+    mlx_cache_limit_bytes: int = 512 * 1024 * 1024
+    max_queue_wait: float = 120.0
+    engine_watchdog: float = 300.0
+    engine_max_restarts: int = 3
+    shutdown_timeout: float = 20.0
+    prepare_workers: int = 2
+    header_timeout: float = 30.0
     plugin_options: Mapping[str, Any] = attrs.field(factory=dict)
 
     def option(self, name: str, default: Any = None) -> Any:

@@ -21,6 +21,7 @@ from mlxcore import hookimpl
 from mlxcore.builtin.decoder import PlainDecoder
 from mlxcore.config import ServerConfig
 from mlxcore.engine.batch_prefill import cache_is_batchable, prefill_together
+from mlxcore.engine.memory import compact_cache, kv_bytes_per_token
 from mlxcore.engine.strategies import (
     CacheLookup,
     CacheStats,
@@ -121,7 +122,10 @@ class LRUPrefixCache(CacheStrategy):
 
     Trimmable caches are cut back to the longest shared prefix; caches with state
     that cannot be rewound (recurrent layers) are reused only from entries that
-    are an exact prefix of the new prompt.
+    are an exact prefix of the new prompt. Entries are stored as compact copies
+    (:func:`~mlxcore.engine.memory.compact_cache`), so the bytes reported are the
+    bytes held; a token budget is turned into bytes with the model's measured
+    cache cost per token.
     """
 
     name = "lru"
@@ -132,9 +136,10 @@ class LRUPrefixCache(CacheStrategy):
     def __init__(self, model: Any, size: str = "32768") -> None:
         self.model = model
         self.max_tokens, max_bytes = parse_cache_size(size)
-        self.store_ = LRUPromptCache(max_size=self.max_entries, max_bytes=max_bytes or (1 << 62))
+        if self.max_tokens is not None:
+            max_bytes = self.max_tokens * kv_bytes_per_token(model) if self.max_tokens else 0
+        self.store_ = LRUPromptCache(max_size=self.max_entries, max_bytes=max_bytes or 0)
         self._hits = self._misses = self._reused = 0
-        self._per_token: int | None = None
 
     @property
     def enabled(self) -> bool:
@@ -170,13 +175,13 @@ class LRUPrefixCache(CacheStrategy):
     def store(self, tokens: Sequence[int], cache: LayerCache) -> None:
         if not self.enabled or not tokens or not cache:
             return
-        if self.max_tokens is not None and self._per_token is None:
-            self._per_token = max(1, sum(c.nbytes for c in cache) // len(tokens))
-            self.store_.max_bytes = self.max_tokens * self._per_token
-        self.store_.insert_cache(self.KEY, list(tokens), cache)
+        self.store_.insert_cache(self.KEY, list(tokens), compact_cache(cache))
 
     def clear(self) -> None:
         self.store_.trim_to(n_sequences=0)
+
+    def evict(self, nbytes: int) -> None:
+        self.store_.trim_to(n_bytes=self.store_.nbytes - nbytes)
 
     def stats(self) -> CacheStats:
         return CacheStats(

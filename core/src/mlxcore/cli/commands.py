@@ -115,5 +115,4 @@ def serve(config: ServerConfig, hooks: PluginHooks) -> int:
     enabled = [name for name, plugin in hooks.pm.list_name_plugin() if plugin is not None]
     log.info("model: %s (%s, %s)", rt.info.source, rt.info.model_type, rt.info.path)
     log.info("plugins: %s", ", ".join(enabled))
-    run_server(rt, hooks)
-    return 0
+    return run_server(rt, hooks)

@@ -104,6 +104,38 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         help="fraction of memory MLX may use (vLLM's name)",
     )
     engine.add_argument(
+        "--mlx-cache-limit",
+        dest="mlx_cache_limit_bytes",
+        type=_byte_size,
+        default=512 * 1024 * 1024,
+        metavar="SIZE",
+        help="most memory MLX keeps in its buffer cache for reuse (e.g. 512MB, 0); the rest "
+        "is given back (default 512MiB)",
+    )
+    engine.add_argument(
+        "--max-queue-wait",
+        type=_seconds,
+        default=120.0,
+        metavar="SECONDS",
+        help="a request waiting longer than this to start is answered as overloaded "
+        "(503 with Retry-After; 0: no limit)",
+    )
+    engine.add_argument(
+        "--engine-watchdog",
+        type=_seconds,
+        default=300.0,
+        metavar="SECONDS",
+        help="an engine step making no progress this long is a fault: its requests fail, "
+        "the engine restarts (0: off)",
+    )
+    engine.add_argument(
+        "--engine-max-restarts",
+        type=int,
+        default=3,
+        metavar="N",
+        help="engine restarts allowed in ten minutes; past them the server exits non-zero",
+    )
+    engine.add_argument(
         "--cache-strategy", default=None, metavar="NAME", help="pick a cache strategy by name"
     )
     engine.add_argument(
@@ -149,6 +181,27 @@ def add_server_options(parser: argparse.ArgumentParser) -> None:
         default=8 * 1024 * 1024,
         help="largest accepted request body",
     )
+    http.add_argument(
+        "--shutdown-timeout",
+        type=_seconds,
+        default=20.0,
+        metavar="SECONDS",
+        help="on SIGTERM, how long running requests may take to finish",
+    )
+    http.add_argument(
+        "--header-timeout",
+        type=_seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="close a connection whose request head or body takes longer than this to arrive",
+    )
+    http.add_argument(
+        "--prepare-workers",
+        type=_positive,
+        default=2,
+        metavar="N",
+        help="threads that template, tokenize and fetch media for new requests",
+    )
 
 
 def _positive(text: str) -> int:
@@ -159,6 +212,34 @@ def _positive(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0, got {text!r}")
+    return value
+
+
+_BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9}
+_BYTE_UNITS.update({"kib": 2**10, "mib": 2**20, "gib": 2**30})
+
+
+def _byte_size(text: str) -> int:
+    """``512MB``, ``2GiB``, ``0`` or a plain number of bytes."""
+    value = text.strip().lower()
+    number = value.rstrip("kmgib")
+    unit = value[len(number) :]
+    try:
+        size = float(number)
+    except ValueError:
+        size = -1.0
+    if unit not in _BYTE_UNITS or not 0 <= size < 2**50:
+        raise argparse.ArgumentTypeError(f"expected a size such as 512MB or 2GiB, got {text!r}")
+    return int(size * _BYTE_UNITS[unit])
 
 
 def config_from_args(args: argparse.Namespace, core_dests: set[str]) -> ServerConfig:

@@ -15,7 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlxcore.config import ServerConfig
-from mlxcore.engine.engine import Engine
+from mlxcore.engine.engine import Engine, EngineParts
 from mlxcore.hooks import PluginHooks
 from mlxcore.model_info import ModelInfo
 from mlxcore.output import OutputPipeline
@@ -102,6 +102,18 @@ def materialize(obj: Any) -> None:
     mx.eval(arrays)
 
 
+def engine_parts(hooks: PluginHooks, loaded: Any, config: ServerConfig) -> EngineParts:
+    """The engine's strategy factories and per-request processors, from the plugins
+    (the factories are called again when the engine restarts with fresh strategies)."""
+    model, info = loaded.model, loaded.info
+    return EngineParts(
+        cache=lambda: hooks.cache_strategy(model, info, config),
+        prefill=lambda: hooks.prefill_strategy(model, info, config),
+        decoder=lambda: hooks.decoder(model, info, config),
+        processors_for=lambda request: hooks.logits_processors(request, info),
+    )
+
+
 def build_runtime(config: ServerConfig, hooks: PluginHooks) -> Runtime:
     """Load the model, let plugins patch it, choose parsers, and build the engine
     (not yet started)."""
@@ -119,7 +131,7 @@ def build_runtime(config: ServerConfig, hooks: PluginHooks) -> Runtime:
             loaded = attrs.evolve(loaded, info=info)
     materialize(loaded.model)
     parsers = Parsers.select(hooks, loaded.info, config.tool_call_parser, config.reasoning_parser)
-    engine = Engine(loaded.model, loaded.info, hooks, config)
+    engine = Engine(loaded.model, loaded.info, config, engine_parts(hooks, loaded, config))
     hidden = loaded.info.eos_token_ids | parsers.control_ids(loaded.info.vocab)
     return Runtime(
         loaded.model,

@@ -1,115 +1,122 @@
-"""The engine: one generation thread that owns MLX, fed through a bounded queue.
+"""The engine: one generation thread that owns MLX, fed through a bounded queue, supervised.
 
 Every front end (the CLI's ``generate``, the HTTP server) submits
-:class:`~mlxcore.engine.request.GenerationRequest` objects here and receives
-events through a sink. The thread runs continuous batching: between decode
-steps it admits waiting requests (up to ``max_num_seqs``), advances at most one
-prefill chunk (or prefills several short waiting prompts together, in one forward
-pass, when the prefill strategy can batch them: ``--prefill-batch-size``), and
-retires finished sequences. The strategies (cache, prefill, decoder) come from the
-plugin hooks once, at construction.
+:class:`~mlxcore.engine.request.GenerationRequest` objects here and receives events
+through a sink. The generation thread runs a :class:`~mlxcore.engine.loop.BatchLoop`
+(continuous batching over the cache, prefill and decoder strategies). Around it the
+engine owns what must hold whatever a strategy does:
+
+* **admission**: a request leaves the waiting queue when a batch slot is free
+  (``--max-num-seqs``) and its cache (prompt + max_tokens) fits the memory budget left
+  (prefix-cache entries are evicted first); requests that wait longer than
+  ``--max-queue-wait`` end as overloaded;
+* **supervision**: an exception the loop cannot contain, or a step that makes no
+  progress for ``--engine-watchdog`` seconds, fails every open request (clients get a
+  retryable error, never a hang), marks the engine unavailable and restarts it with
+  fresh strategies, at most ``--engine-max-restarts`` times in ten minutes; after that
+  the engine stays failed (``/health`` 503, ``mlxcore serve`` exits non-zero);
+* **shutdown**: stop admitting, answer the waiting requests, give the running ones a
+  deadline, then end them.
 """
 
 from __future__ import annotations
 
 import collections
-import copy
 import itertools
 import logging
 import queue
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
-import attrs
 import mlx.core as mx
 
 from mlxcore.config import ServerConfig
-from mlxcore.engine.events import Event, EventSink, FinishEvent, RequestHandle, TokenEvent, Usage
+from mlxcore.engine.events import (
+    OVERLOADED,
+    UNAVAILABLE,
+    Event,
+    EventSink,
+    FinishEvent,
+    RequestHandle,
+    Usage,
+)
+from mlxcore.engine.loop import BatchLoop, EngineParts, send
 from mlxcore.engine.memory import MemoryBudget
 from mlxcore.engine.request import GenerationRequest
-from mlxcore.engine.sampling import make_processors, make_sampler, token_with_logprobs
-from mlxcore.engine.strategies import (
-    DecodeSequence,
-    LogitsProcessor,
-    PrefillGenerator,
-    PrefillResult,
-    PrefillTask,
-    Sampler,
-    SequenceCache,
-    StepToken,
-)
+from mlxcore.engine.strategies import CacheStrategy, Decoder, PrefillStrategy
 from mlxcore.engine.threads import run_job
+from mlxcore.engine.validation import ModelLimits, RequestRejected, check_request
 from mlxcore.errors import MlxcoreError
-from mlxcore.hooks import PluginHooks
 from mlxcore.model_info import ModelInfo
 
 log = logging.getLogger(__name__)
 
+__all__ = ["Engine", "EngineOverloaded", "EngineParts", "EngineUnavailable", "RequestRejected"]
+
+RESTART_WINDOW = 600.0
+"""Seconds over which ``--engine-max-restarts`` is counted."""
+
+RESTART_BACKOFF = 2.0
+"""Seconds the engine stays unavailable after a fault before it admits again."""
+
 
 class EngineOverloaded(MlxcoreError):
-    """The waiting queue is full; the caller should retry later (HTTP 503)."""
+    """The waiting queue is full; the caller should retry later (HTTP 503 / 429 / 529)."""
 
 
-class RequestRejected(MlxcoreError):
-    """The request can never be served as given (e.g. prompt too long); HTTP 400."""
-
-
-@attrs.define(eq=False)
-class _Live:
-    """Engine-side state of one admitted request."""
-
-    handle: RequestHandle
-    sampler: Sampler
-    processors: list[LogitsProcessor]
-    stop_ids: frozenset[int]
-    usage: Usage
-    prefill: PrefillGenerator | None = None
-    task: PrefillTask | None = None
-    seq: DecodeSequence | None = None
-    reusable: bool = True
-    generated: int = 0
-    failed: str | None = None
-    started: bool = False
-    """True once the prefill generator ran a step (the task can no longer be batched)."""
-    solo: bool = False
-    """True after a batched prefill with this task failed: prefill it alone."""
-
-    @property
-    def request(self) -> GenerationRequest:
-        return self.handle.request
+class EngineUnavailable(MlxcoreError):
+    """The engine is restarting after a fault, has failed for good, or is shutting down."""
 
 
 class Engine:
-    """Continuous-batching generation over one model.
+    """Continuous-batching generation over one model, supervised.
 
     Args:
         model: the loaded mlx-lm model.
         info: facts about the model.
-        hooks: the plugin facade, asked once for the strategies.
-        config: server configuration (batch and queue bounds).
+        config: server configuration (batch, queue, memory and supervision bounds).
+        parts: the strategy factories and the plugins' per-request processors.
     """
 
     def __init__(
-        self, model: Any, info: ModelInfo, hooks: PluginHooks, config: ServerConfig
+        self, model: Any, info: ModelInfo, config: ServerConfig, parts: EngineParts
     ) -> None:
         self.model = model
         self.info = info
-        self.hooks = hooks
         self.config = config
-        self.memory = MemoryBudget.for_model(model, config.gpu_memory_utilization)
+        self.parts = parts
+        self.memory = MemoryBudget.for_model(
+            model, config.gpu_memory_utilization, config.mlx_cache_limit_bytes
+        )
         self.max_context: int | None = config.max_model_len or info.context_length
         """The most tokens a sequence may hold: ``--max-model-len``, else the model's own."""
-        self.cache = hooks.cache_strategy(model, info, config)
-        self.prefill = hooks.prefill_strategy(model, info, config)
-        self.decoder = hooks.decoder(model, info, config)
+        vocab = int(getattr(model.args, "vocab_size", 0) or 0) if hasattr(model, "args") else 0
+        self.limits = ModelLimits(
+            vocab_size=max(vocab, len(info.vocab), 1),
+            context=self.max_context,
+            memory_context=self.memory.max_context(),
+        )
+        self._loop = self._new_loop()
         self._waiting: collections.deque[RequestHandle] = collections.deque()
-        self._live: dict[int, _Live] = {}
-        self._prefilling: collections.deque[_Live] = collections.deque()
         self._wake = threading.Condition()
         self._uids = itertools.count(1)
-        self._running: threading.Event | None = None
+        self._epoch = 0
+        self._thread_done: threading.Event | None = None
+        self._watchdog: threading.Thread | None = None
+        self.state = "new"
+        """``new``, ``running``, ``restarting``, ``failed``, ``stopping`` or ``stopped``."""
+        self.reason = ""
+        """Why the engine is not running (empty while it is)."""
+        self._busy_since: float | None = None
         self._stopping = False
+        self._drain_deadline = 0.0
+        self._restarts: list[float] = []
+        self._available_at = 0.0
+        self._idle_cleared = True
+        self.faults: collections.Counter[str] = collections.Counter()
+        self.expired = 0
         log.info(
             "engine strategies: cache=%s prefill=%s decoder=%s",
             self.cache.name,
@@ -117,33 +124,87 @@ class Engine:
             self.decoder.name,
         )
 
+    def _new_loop(self) -> BatchLoop:
+        return BatchLoop(
+            self.parts,
+            self.info.eos_token_ids,
+            self.config.prefill_batch_size,
+            self.config.prefill_step_size,
+        )
+
+    @property
+    def cache(self) -> CacheStrategy:
+        """The current cache strategy."""
+        return self._loop.cache
+
+    @property
+    def prefill(self) -> PrefillStrategy:
+        """The current prefill strategy."""
+        return self._loop.prefill
+
+    @property
+    def decoder(self) -> Decoder:
+        """The current decoder."""
+        return self._loop.decoder
+
     # -- caller side (any thread) -------------------------------------------
 
     def start(self) -> None:
-        """Start the generation thread (idempotent)."""
+        """Start the generation thread (idempotent; restarts a stopped engine)."""
         with self._wake:
-            if self._running is None:
-                self._stopping = False
-                self._running = run_job(self._run)
+            if self.state in ("running", "restarting", "failed", "stopping"):
+                return
+            self._stopping = False
+            self.state, self.reason = "running", ""
+            self._epoch += 1
+            epoch = self._epoch
+            self._thread_done = run_job(lambda stream: self._run(stream, epoch, fresh=False))
+            if self._watchdog is None and self.config.engine_watchdog > 0:
+                self._watchdog = threading.Thread(
+                    target=self._watch, name="mlxcore-watchdog", daemon=True
+                )
+                self._watchdog.start()
 
-    def shutdown(self) -> None:
-        """Stop the thread; requests still running finish with ``cancelled``."""
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Stop admitting, answer the waiting requests, give running ones ``timeout``
+        seconds (default ``--shutdown-timeout``) to finish, then end them."""
+        grace = self.config.shutdown_timeout if timeout is None else timeout
         with self._wake:
+            if self.state in ("new", "stopped"):
+                self.state = "stopped"
+                return
             self._stopping = True
-            self._wake.notify()
-            running, self._running = self._running, None
-        if running is not None:
-            running.wait(timeout=30)
+            self.state, self.reason = "stopping", "the server is shutting down"
+            self._drain_deadline = time.monotonic() + grace
+            self._end_waiting(UNAVAILABLE, "the server is shutting down")
+            self._wake.notify_all()
+            done = self._thread_done
+        if done is not None and not done.wait(timeout=grace + 10):
+            log.error("the engine thread did not stop within %.0f s; abandoning it", grace + 10)
+            with self._wake:
+                self._abandon_loop("the server is shutting down")
+        with self._wake:
+            self.state = "stopped"
 
-    def submit(self, request: GenerationRequest, sink: EventSink) -> RequestHandle:
+    def submit(
+        self,
+        request: GenerationRequest,
+        sink: EventSink,
+        on_admitted: Callable[[], None] | None = None,
+    ) -> RequestHandle:
         """Queue ``request``; events go to ``sink`` on the engine thread.
 
-        Raises :class:`RequestRejected` for a request that can never run and
-        :class:`EngineOverloaded` when the waiting queue is full.
+        Raises :class:`RequestRejected` for a request that can never run,
+        :class:`EngineOverloaded` when the waiting queue is full and
+        :class:`EngineUnavailable` while the engine restarts, has failed or stops.
         """
-        self._validate(request)
-        handle = RequestHandle(next(self._uids), request, sink)
+        check_request(request, self.limits)
+        if self.state == "new":
+            self.start()
+        handle = RequestHandle(next(self._uids), request, sink, on_admitted)
         with self._wake:
+            if self.state != "running" or time.monotonic() < self._available_at:
+                raise EngineUnavailable(self.reason or "the engine is restarting")
             self._drop_cancelled_waiting()
             if len(self._waiting) >= self.config.max_queue_size:
                 raise EngineOverloaded(
@@ -151,7 +212,6 @@ class Engine:
                 )
             self._waiting.append(handle)
             self._wake.notify()
-        self.start()
         return handle
 
     def stream(self, request: GenerationRequest) -> Iterator[Event]:
@@ -167,72 +227,51 @@ class Engine:
         finally:
             handle.cancel()
 
+    def health(self) -> tuple[bool, str, str]:
+        """``(ok, state, reason)``: ok while the engine runs and admits."""
+        with self._wake:
+            restarting = time.monotonic() < self._available_at
+            ok = self.state in ("running", "new") and not restarting
+            state = "restarting" if restarting and self.state == "running" else self.state
+            return ok, state, self.reason
+
     def stats(self) -> dict[str, float]:
-        """Load and strategy counters (read from any thread; values are snapshots)."""
-        cache = self.cache.stats()
+        """Load, memory, supervision and strategy counters (snapshots, any thread)."""
+        loop = self._loop
+        cache = loop.cache.stats()
         out: dict[str, float] = {
-            "requests_running": len(self._live),
+            "requests_running": len(loop.live),
             "requests_waiting": len(self._waiting),
+            "requests_expired_in_queue": self.expired,
             "prefix_cache_hits": cache.hits,
             "prefix_cache_misses": cache.misses,
             "prefix_cache_reused_tokens": cache.reused_tokens,
             "prefix_cache_entries": cache.entries,
             "prefix_cache_bytes": cache.nbytes,
+            "engine_up": 1.0 if self.health()[0] else 0.0,
+            "engine_restarts": len(self._restarts),
+            "engine_faults": sum(self.faults.values()),
+            "memory_weights_bytes": self.memory.weights,
+            "memory_kv_reserved_bytes": self._reserved(loop),
+            "memory_kv_bytes_per_token": self.memory.per_token,
         }
-        out.update({f"decoder_{k}": v for k, v in self.decoder.stats().items()})
-        out.update({f"prefill_{k}": v for k, v in self.prefill.stats().items()})
+        budget = self.memory.kv_budget(cache.nbytes)
+        if budget is not None:
+            out["memory_kv_budget_bytes"] = budget
+        if self.memory.limit is not None:
+            out["memory_limit_bytes"] = self.memory.limit
+        out["memory_mlx_cache_limit_bytes"] = self.memory.cache_limit
+        try:
+            out.update({f"decoder_{k}": v for k, v in loop.decoder.stats().items()})
+            out.update({f"prefill_{k}": v for k, v in loop.prefill.stats().items()})
+        except Exception:
+            log.exception("a strategy's stats() failed")
         return out
 
-    def _validate(self, request: GenerationRequest) -> None:
-        n = len(request.prompt_tokens)
-        if n == 0:
-            raise RequestRejected("the prompt is empty")
-        limit = self.max_context
-        if limit is not None and n + request.max_tokens > limit:
-            raise RequestRejected(
-                f"prompt ({n} tokens) plus max_tokens ({request.max_tokens}) exceeds the "
-                f"model's context length of {limit} tokens"
-            )
-        fits = self.memory.max_context()
-        if fits is not None and n + request.max_tokens > fits:
-            raise RequestRejected(
-                f"prompt ({n} tokens) plus max_tokens ({request.max_tokens}) needs more memory "
-                f"than this server has: at most {fits} tokens of context fit"
-            )
-
-    # -- engine thread ----------------------------------------------------
-
-    def _run(self, stream: Any) -> None:
-        with mx.stream(stream):
-            while True:
-                with self._wake:
-                    while not self._stopping and not self._waiting and not self._live:
-                        self._wake.wait()
-                    if self._stopping:
-                        break
-                    admitted = self._take_waiting()
-                for handle in admitted:
-                    self._admit(handle)
-                self._retire_cancelled()
-                if self._prefilling and not self._prefill_together():
-                    self._advance_prefill()
-                if len(self.decoder):
-                    self._decode_step()
-        for live in list(self._live.values()):
-            self._finish(live, "cancelled")
-
-    def _take_waiting(self) -> list[RequestHandle]:
-        """Pop admissible requests (caller holds the lock); drop cancelled ones."""
-        self._drop_cancelled_waiting()
-        room = self.config.max_num_seqs - len(self._live)
-        taken = []
-        while room > 0 and self._waiting:
-            taken.append(self._waiting.popleft())
-            room -= 1
-        return taken
+    # -- queue (caller holds the lock) -----------------------------------------
 
     def _drop_cancelled_waiting(self) -> None:
-        """Requests cancelled while queued leave the queue at once (caller holds the lock)."""
+        """Requests cancelled while queued leave the queue at once."""
         if not any(h.cancel_reason is not None for h in self._waiting):
             return
         keep: collections.deque[RequestHandle] = collections.deque()
@@ -240,249 +279,202 @@ class Engine:
             if handle.cancel_reason is None:
                 keep.append(handle)
             else:
-                handle.finished.set()
-                handle.sink(
-                    FinishEvent(handle.cancel_reason, Usage(len(handle.request.prompt_tokens)))
-                )
+                self._end(handle, handle.cancel_reason)
         self._waiting = keep
 
-    def _admit(self, handle: RequestHandle) -> None:
-        req = handle.request
-        usage = Usage(prompt_tokens=len(req.prompt_tokens))
-        live = _Live(handle, make_sampler(req.sampling), [], frozenset(), usage)
-        self._live[handle.uid] = live
-        try:
-            live.processors = make_processors(req.sampling) + self.hooks.logits_processors(
-                req, self.info
-            )
-            live.stop_ids = self.info.eos_token_ids | req.stop_token_ids
-            if req.cache_key is not None and len(req.cache_key) != len(req.prompt_tokens):
-                raise ValueError("cache_key must be as long as the prompt")
-            lookup = self.cache.lookup(req.cache_tokens)
-            usage.cached_tokens = lookup.cached_tokens
-            live.task = PrefillTask(req, lookup.cache, lookup.cached_tokens)
-            live.task.snapshot = self._snapshotter(live.task)
-            live.prefill = self.prefill.prefill(live.task)
-        except Exception as exc:
-            self._fail(live, exc)
+    def _expire_waiting(self) -> None:
+        """Requests that waited longer than ``--max-queue-wait`` end as overloaded."""
+        limit = self.config.max_queue_wait
+        if limit <= 0 or not self._waiting:
             return
-        self._prefilling.append(live)
+        oldest = time.monotonic() - limit
+        while self._waiting and self._waiting[0].queued_at < oldest:
+            handle = self._waiting.popleft()
+            self.expired += 1
+            self._end(handle, "error", OVERLOADED, f"waited more than {limit:g} s in the queue")
 
-    def _snapshotter(self, task: PrefillTask) -> Any:
-        """The ``snapshot`` callback: keep a copy of the cache at a checkpoint."""
+    def _end_waiting(self, code: str, error: str) -> None:
+        while self._waiting:
+            self._end(self._waiting.popleft(), "error", code, error)
 
-        def snapshot(n: int) -> None:
-            try:
-                self.cache.store(task.request.cache_tokens[:n], copy.deepcopy(task.cache))
-            except Exception:
-                log.exception("cache strategy %s failed to store a snapshot", self.cache.name)
+    @staticmethod
+    def _end(handle: RequestHandle, reason: str, code: str | None = None, error: str = "") -> None:
+        handle.finished.set()
+        usage = Usage(len(handle.request.prompt_tokens))
+        send(handle, FinishEvent(reason, usage, error or None, code))
 
-        return snapshot
-
-    def _batchable(self, live: _Live) -> bool:
-        return (
-            not live.started
-            and not live.solo
-            and live.handle.cancel_reason is None
-            and live.task is not None
-            and self.prefill.can_batch(live.task)
+    def _reserved(self, loop: BatchLoop) -> int:
+        """Cache bytes the admitted requests may grow to (prompt + max_tokens each)."""
+        tokens = sum(
+            len(live.request.prompt_tokens) + live.request.max_tokens for live in loop.live.values()
         )
+        return tokens * self.memory.per_token
 
-    def _prefill_together(self) -> bool:
-        """Prefill the waiting head and the not-yet-started prompts that can join it in
-        one batch (``--prefill-batch-size``); False when there was nothing to batch."""
-        cap, budget = self.config.prefill_batch_size, self.config.prefill_step_size
-        if cap < 2 or not self._batchable(self._prefilling[0]):
-            return False
-        group = [self._prefilling[0]]
-        for live in itertools.islice(self._prefilling, 1, None):
-            if len(group) >= cap:
+    def _take_waiting(self, loop: BatchLoop) -> list[RequestHandle]:
+        """Pop the requests that may start now: a free slot each, and their cache fits
+        the budget left (evicting prefix-cache entries first)."""
+        self._drop_cancelled_waiting()
+        room = self.config.max_num_seqs - len(loop.live)
+        reserved = self._reserved(loop)
+        taken: list[RequestHandle] = []
+        while room > 0 and self._waiting:
+            head = self._waiting[0].request
+            need = (len(head.prompt_tokens) + head.max_tokens) * self.memory.per_token
+            if (loop.live or taken) and not self._fits(loop, reserved + need):
                 break
-            if self._batchable(live) and _cheap_enough([*group, live], budget):
-                group.append(live)
-        if len(group) < 2:
-            return False
-        tasks = [live.task for live in group if live.task is not None]
+            taken.append(self._waiting.popleft())
+            reserved += need
+            room -= 1
+        return taken
+
+    def _fits(self, loop: BatchLoop, reserved: int) -> bool:
+        budget = self.memory.kv_budget(loop.cache.stats().nbytes)
+        if budget is None or reserved <= budget:
+            return True
+        shortfall = reserved - budget
         try:
-            results = self.prefill.prefill_batch(tasks)
-            if len(results) != len(group):
-                raise MlxcoreError(f"{len(results)} results for {len(group)} prompts")
+            loop.cache.evict(shortfall)
         except Exception:
-            log.exception("batched prefill failed; prefilling these prompts one by one")
-            for live in group:
-                live.solo = True
+            log.exception("cache strategy %s failed to evict", loop.cache.name)
+        budget = self.memory.kv_budget(loop.cache.stats().nbytes)
+        return budget is None or reserved <= budget
+
+    # -- engine thread ----------------------------------------------------
+
+    def _run(self, stream: Any, epoch: int, fresh: bool) -> None:
+        with mx.stream(stream):
+            if fresh and not self._install_fresh_loop(epoch):
+                return
+            while True:
+                with self._wake:
+                    if epoch != self._epoch:
+                        return  # superseded: a hung step was abandoned
+                    loop = self._loop
+                    if self._idle(loop):
+                        self._wait_idle(loop)
+                        continue
+                    if self._stopping and self._drained(loop):
+                        break
+                    self._expire_waiting()
+                    admitted = [] if self._stopping else self._take_waiting(loop)
+                self._busy_since = time.monotonic()
+                try:
+                    for handle in admitted:
+                        if handle.on_admitted is not None:
+                            handle.on_admitted()
+                    loop.iterate(admitted)
+                except Exception as exc:
+                    self._busy_since = None
+                    if not self._recover(epoch, exc):
+                        return
+                    continue
+                self._busy_since = None
+                self._idle_cleared = False
+            with self._wake:
+                if epoch == self._epoch:
+                    self._loop.fail_all("the server is shutting down", UNAVAILABLE)
+
+    def _idle(self, loop: BatchLoop) -> bool:
+        if self._stopping:
             return False
-        for live, result in zip(group, results, strict=True):
-            self._prefilling.remove(live)
-            if live.prefill is not None:
-                live.prefill.close()
-            self._prefilled(live, result)
+        return not self._waiting and not loop.live
+
+    def _wait_idle(self, loop: BatchLoop) -> None:
+        """Nothing to do: give MLX's buffer cache back once, then sleep until woken
+        (caller holds the lock)."""
+        if not self._idle_cleared:
+            self._idle_cleared = True
+            mx.clear_cache()
+        self._wake.wait(timeout=1.0)
+
+    def _drained(self, loop: BatchLoop) -> bool:
+        """While stopping: True when no request runs, or the drain deadline passed (the
+        running ones are then ended)."""
+        if not loop.live:
+            return True
+        if time.monotonic() < self._drain_deadline:
+            return False
+        for live in list(loop.live.values()):
+            loop.finish(live, "error", "the server is shutting down", UNAVAILABLE)
         return True
 
-    def _advance_prefill(self) -> None:
-        live = self._prefilling[0]
-        assert live.prefill is not None and live.task is not None
-        if live.handle.cancel_reason is not None:
-            self._prefilling.popleft()
-            self._finish(live, live.handle.cancel_reason)
-            return
-        live.started = True
+    def _recover(self, epoch: int, exc: BaseException) -> bool:
+        """An exception escaped the loop: fail everything, rebuild. False: stop the thread."""
+        log.error("engine fault: %s: %s", type(exc).__name__, exc, exc_info=exc)
+        with self._wake:
+            if epoch != self._epoch:
+                return False
+            self.faults["exception"] += 1
+            reason = f"engine fault ({type(exc).__name__}); restarting"
+            self._loop.fail_all(reason, UNAVAILABLE)
+            self._end_waiting(UNAVAILABLE, reason)
+            if not self._may_restart(reason):
+                return False
+        mx.clear_cache()
+        return self._install_fresh_loop(epoch)
+
+    def _may_restart(self, reason: str) -> bool:
+        """Count a restart, or mark the engine failed for good (caller holds the lock)."""
+        now = time.monotonic()
+        self._restarts = [t for t in self._restarts if now - t < RESTART_WINDOW]
+        if len(self._restarts) >= self.config.engine_max_restarts:
+            self.state = "failed"
+            self.reason = f"{reason.removesuffix('; restarting')}; no restarts left"
+            log.critical("engine failed for good: %s", self.reason)
+            return False
+        self._restarts.append(now)
+        self._available_at = now + RESTART_BACKOFF
+        self.reason = reason
+        return True
+
+    def _install_fresh_loop(self, epoch: int) -> bool:
+        """Build fresh strategies for ``epoch`` (on the engine thread)."""
         try:
-            next(live.prefill)
-            return
-        except StopIteration as done:
-            result = done.value
+            loop = self._new_loop()
         except Exception as exc:
-            self._prefilling.popleft()
-            self._fail(live, exc)
-            return
-        self._prefilling.popleft()
-        self._prefilled(live, result)
-
-    def _prefilled(self, live: _Live, result: PrefillResult) -> None:
-        """A prefill finished: sample the first token and hand the sequence to the decoder."""
-        assert live.task is not None
-        live.reusable = result.reusable
-        live.usage.extra.update(result.usage)
-        if result.position_offset and not self.decoder.supports_position_offset:
-            self._fail(
-                live,
-                MlxcoreError(
-                    f"decoder {self.decoder.name!r} cannot continue a sequence with a "
-                    "position offset (a media request on an M-RoPE model)"
-                ),
-            )
-            return
-        prompt = list(live.request.prompt_tokens)
-        try:
-            first = self._sample_first(live, result.logits, prompt)
-        except Exception as exc:
-            self._fail(live, exc)
-            return
-        seq = DecodeSequence(
-            uid=live.handle.uid,
-            request=live.request,
-            cache=live.task.cache,
-            tokens=[*prompt, first.token],
-            next_token=first.token,
-            sampler=live.sampler,
-            logits_processors=[_guard(live, p) for p in live.processors],
-            position_offset=result.position_offset,
-        )
-        live.task = None
-        live.prefill = None
-        live.seq = seq
-        if self._emit(live, [first]):
-            self._retire(live, SequenceCache(seq.cache, len(seq.tokens) - 1))
-        else:
-            self.decoder.add(seq)
-
-    def _sample_first(self, live: _Live, logits: Any, prompt: list[int]) -> StepToken:
-        if live.processors:
-            context = mx.array(prompt)
-            for proc in live.processors:
-                logits = proc(context, logits)
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        token = int(live.sampler(logprobs).item())
-        sampling = live.request.sampling
-        if sampling.logprobs:
-            return token_with_logprobs(token, logprobs[0], sampling.top_logprobs)
-        return StepToken(token)
-
-    def _decode_step(self) -> None:
-        try:
-            produced = self.decoder.step()
-        except Exception as exc:
-            log.exception("decode step failed; failing the sequences in the batch")
-            for uid in list(self._live):
-                live = self._live[uid]
-                if live.prefill is None:
-                    self.decoder.remove(uid)
-                    self._fail(live, exc)
-            return
-        for uid, tokens in produced.items():
-            found = self._live.get(uid)
-            if found is None:
-                continue
-            live = found
-            if live.failed is not None:
-                self.decoder.remove(uid)
-                self._fail(live, RuntimeError(live.failed))
-            elif self._emit(live, tokens):
-                self._retire(live, self.decoder.remove(uid))
-
-    def _emit(self, live: _Live, tokens: list[StepToken]) -> bool:
-        """Send tokens to the client; True when the request is now finished."""
-        kept: list[StepToken] = []
-        reason = None
-        for tok in tokens:
-            kept.append(tok)
-            live.generated += 1
-            if tok.token in live.stop_ids:
-                reason = "stop"
-                break
-            if live.generated >= live.request.max_tokens:
-                reason = "length"
-                break
-        live.usage.completion_tokens = live.generated
-        live.handle.sink(TokenEvent(kept))
-        if reason is not None:
-            live.handle.cancel(reason)
+            log.exception("could not rebuild the engine's strategies")
+            with self._wake:
+                self.state, self.reason = "failed", f"restart failed: {type(exc).__name__}"
+            return False
+        with self._wake:
+            if epoch != self._epoch:
+                return False
+            self._loop = loop
+            if self.state == "running":
+                self.reason = ""
+            log.warning("engine restarted with fresh strategies (%d restarts)", len(self._restarts))
             return True
-        return False
 
-    def _retire_cancelled(self) -> None:
-        for uid, live in list(self._live.items()):
-            if live.prefill is None and live.handle.cancel_reason is not None:
-                self._retire(live, self.decoder.remove(uid))
+    def _abandon_loop(self, reason: str) -> None:
+        """Give up on the current loop's thread (caller holds the lock)."""
+        old = self._loop
+        self._epoch += 1
+        old.fail_all(reason, UNAVAILABLE)
+        old.abandoned = True
+        self._busy_since = None
 
-    def _retire(self, live: _Live, own: SequenceCache | None) -> None:
-        """Finish ``live``; offer its cache for prefix reuse."""
-        if own is not None and live.seq is not None and live.reusable and own.length > 0:
-            prompt = live.request.cache_tokens
-            tokens = [*prompt, *live.seq.tokens[len(prompt) :]]
-            try:
-                self.cache.store(tokens[: own.length], own.cache)
-            except Exception:
-                log.exception("cache strategy %s failed to store a prefix", self.cache.name)
-        self._finish(live, live.handle.cancel_reason or "stop")
+    # -- watchdog thread ---------------------------------------------------
 
-    def _finish(self, live: _Live, reason: str, error: str | None = None) -> None:
-        self._live.pop(live.handle.uid, None)
-        if live.seq is not None:
-            live.usage.extra.update(live.seq.usage)
-        live.handle.finished.set()
-        live.handle.sink(FinishEvent(reason, live.usage, error))
+    def _watch(self) -> None:
+        period = self.config.engine_watchdog
+        while True:
+            time.sleep(min(1.0, period / 4))
+            with self._wake:
+                since = self._busy_since
+                if self.state != "running" or since is None:
+                    continue
+                stuck = time.monotonic() - since
+                if stuck < period:
+                    continue
+                log.critical("engine step made no progress for %.1f s", stuck)
+                self.faults["hang"] += 1
+                reason = f"engine step made no progress for {stuck:.0f} s; restarting"
+                self._abandon_loop(reason)
+                self._end_waiting(UNAVAILABLE, reason)
+                if not self._may_restart(reason):
+                    continue
+                self._thread_done = run_job(self._fresh_job(self._epoch))
 
-    def _fail(self, live: _Live, exc: BaseException) -> None:
-        log.error("request %s failed: %s", live.request.request_id or live.handle.uid, exc)
-        self._finish(live, "error", f"{type(exc).__name__}: {exc}")
-
-
-_PADDING_SLACK = 256
-"""Padded tokens a batch may always waste (short prompts cost little either way)."""
-
-
-def _cheap_enough(group: list[_Live], budget: int) -> bool:
-    """Batch only while the padded batch (every row as long as the longest remaining
-    prompt) is at most ``budget`` tokens, one prefill chunk, so running streams wait
-    no longer for a batch than for a chunk; and while padding at most doubles the work,
-    give or take :data:`_PADDING_SLACK` tokens."""
-    lengths = [len(live.task.remaining) for live in group if live.task is not None]
-    padded = len(lengths) * max(lengths)
-    return padded <= budget and padded <= 2 * sum(lengths) + _PADDING_SLACK
-
-
-def _guard(live: _Live, proc: LogitsProcessor) -> LogitsProcessor:
-    """Wrap a processor so its exception fails only its own request, not the batch."""
-
-    def guarded(tokens: Any, logits: Any) -> Any:
-        if live.failed is not None:
-            return logits
-        try:
-            return proc(tokens, logits)
-        except Exception as exc:
-            live.failed = f"logits processor {getattr(proc, '__name__', proc)!r} failed: {exc}"
-            return logits
-
-    return guarded
+    def _fresh_job(self, epoch: int) -> Callable[[Any], None]:
+        """A generation-thread job that builds fresh strategies, then runs ``epoch``."""
+        return lambda stream: self._run(stream, epoch, fresh=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -29,13 +30,26 @@ class TokenEvent:
     tokens: list[StepToken]
 
 
+OVERLOADED = "overloaded"
+"""``FinishEvent.code`` of a request that waited longer than ``--max-queue-wait``."""
+
+UNAVAILABLE = "unavailable"
+"""``FinishEvent.code`` of a request ended by an engine fault, hang or shutdown."""
+
+
 @attrs.define
 class FinishEvent:
-    """The request is over. ``reason`` is ``stop``, ``length``, ``cancelled`` or ``error``."""
+    """The request is over. ``reason`` is ``stop``, ``length``, ``cancelled`` or ``error``.
+
+    ``error`` is the detail for the log (never shown to clients as is); ``code`` says
+    why a request failed without being at fault itself: :data:`OVERLOADED` or
+    :data:`UNAVAILABLE` (front ends answer those like overload, with Retry-After).
+    """
 
     reason: str
     usage: Usage
     error: str | None = None
+    code: str | None = None
 
 
 Event = TokenEvent | FinishEvent
@@ -49,10 +63,20 @@ class RequestHandle:
     the sink must not block (hand events over to a queue).
     """
 
-    def __init__(self, uid: int, request: GenerationRequest, sink: EventSink) -> None:
+    def __init__(
+        self,
+        uid: int,
+        request: GenerationRequest,
+        sink: EventSink,
+        on_admitted: Callable[[], None] | None = None,
+    ) -> None:
         self.uid = uid
         self.request = request
         self.sink = sink
+        self.on_admitted = on_admitted
+        """Called (on the engine thread, must not block) when the request leaves the
+        waiting queue and starts; never called for a request that ends while waiting."""
+        self.queued_at = time.monotonic()
         self._cancel_reason: str | None = None
         self._lock = threading.Lock()
         self.finished = threading.Event()

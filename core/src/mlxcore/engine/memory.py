@@ -1,5 +1,11 @@
-"""Memory policy: MLX limits from ``--gpu-memory-utilization``, and refusing
-requests whose cache could never fit.
+"""Memory policy: MLX limits from ``--gpu-memory-utilization`` and ``--mlx-cache-limit``,
+the budget admission checks live requests against, and refusing requests whose cache
+could never fit.
+
+The budget, in bytes: ``limit = total memory x utilization``; of it, the weights, MLX's
+buffer cache (bounded by ``--mlx-cache-limit``) and the prefix cache's current entries
+are taken first; what is left is for the caches of running requests, each counted at
+its most (prompt + max_tokens tokens).
 
 The KV cost per token is measured once at start-up by running one token
 through a fresh cache of the real model, so it is right for every architecture
@@ -14,7 +20,7 @@ from typing import Any
 
 import attrs
 import mlx.core as mx
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 log = logging.getLogger(__name__)
 
@@ -48,33 +54,80 @@ class MemoryBudget:
         limit: bytes MLX may use in all (``None``: no limit known).
         weights: bytes the model's weights hold.
         per_token: cache bytes per token of context.
+        cache_limit: bytes MLX's buffer cache may keep for reuse.
     """
 
     limit: int | None
     weights: int
     per_token: int
+    cache_limit: int = 0
 
     @classmethod
-    def for_model(cls, model: Any, utilization: float) -> MemoryBudget:
-        """Measure the model and set MLX's memory and cache limits."""
+    def for_model(cls, model: Any, utilization: float, cache_limit: int) -> MemoryBudget:
+        """Measure the model and set MLX's memory and buffer-cache limits."""
         total = physical_memory()
         limit = int(total * utilization) if total else None
         if limit is not None:
             mx.set_memory_limit(limit)
-            mx.set_cache_limit(max(0, limit // 4))
+            cache_limit = min(cache_limit, limit // 4)
+        mx.set_cache_limit(cache_limit)
         weights = mx.get_active_memory()
         per_token = kv_bytes_per_token(model)
         mx.clear_cache()
         log.info(
-            "memory: limit %s, weights %.1f MB, cache %.1f KB per token",
+            "memory: limit %s, weights %.1f MB, cache %.1f KB per token, buffer cache %.0f MB",
             f"{limit / 2**30:.1f} GiB" if limit else "none",
             weights / 2**20,
             per_token / 2**10,
+            cache_limit / 2**20,
         )
-        return cls(limit=limit, weights=weights, per_token=per_token)
+        return cls(limit=limit, weights=weights, per_token=per_token, cache_limit=cache_limit)
+
+    def kv_budget(self, prefix_cache_bytes: int) -> int | None:
+        """Bytes left for running requests' caches (``None``: no limit known)."""
+        if self.limit is None:
+            return None
+        return max(0, self.limit - self.weights - self.cache_limit - prefix_cache_bytes)
 
     def max_context(self) -> int | None:
         """The longest context one sequence could ever hold, alone."""
         if self.limit is None or self.per_token <= 0:
             return None
-        return max(0, (self.limit - self.weights) // self.per_token)
+        return max(0, (self.limit - self.weights - self.cache_limit) // self.per_token)
+
+
+def compact_cache(cache: list[Any]) -> list[Any]:
+    """Make every array of a per-layer cache own exactly its data, in place.
+
+    A sequence's cache taken out of a batch (``BatchKVCache.extract``) or cut back to a
+    prefix holds *views*: slices that keep the whole batch-sized buffer alive while
+    reporting only their own size. A cache kept for later (the prefix cache) must be
+    copied out, or memory grows with every batch while the accounting sees nothing.
+    Plain ``KVCache`` layers are also cut to their filled length (their buffers grow in
+    steps of 256 tokens). Returns ``cache``.
+    """
+    arrays: list[mx.array] = []
+    for layer in cache:
+        _compact_layer(layer, arrays)
+    mx.eval(arrays)
+    return cache
+
+
+def _compact_layer(layer: Any, out: list[mx.array]) -> None:
+    if type(layer) is KVCache and layer.keys is not None and layer.offset < layer.keys.shape[2]:
+        n = int(layer.offset)
+        layer.keys = mx.array(layer.keys[..., :n, :])
+        layer.values = mx.array(layer.values[..., :n, :])
+        out.extend((layer.keys, layer.values))
+        return
+    for child in getattr(layer, "caches", ()) or ():  # CacheList
+        _compact_layer(child, out)
+    for name, value in list(vars(layer).items()):
+        if isinstance(value, mx.array):
+            copied = mx.array(value)
+            setattr(layer, name, copied)
+            out.append(copied)
+        elif isinstance(value, list) and any(isinstance(v, mx.array) for v in value):
+            copies = [mx.array(v) if isinstance(v, mx.array) else v for v in value]
+            setattr(layer, name, copies)  # ArraysCache.cache
+            out.extend(v for v in copies if isinstance(v, mx.array))

@@ -1,16 +1,24 @@
 """Per-request samplers and logits processors, built from :class:`SamplingParams`.
 
-Built once per request at set-up, on mlx-lm's public sampling pieces. A seeded
-request draws from its own random key, so the same seed and prompt give the
-same output whatever else runs in the batch.
+Built once per request at set-up. Every sampled request draws from its own random
+key (its seed, or a fresh random one), so the same seed and prompt give the same
+output whatever else runs in the batch, and no request touches MLX's global random
+state. The top-p / min-p / top-k filters are plain functions here rather than
+mlx-lm's compiled ones: those capture the global random state, and an exception
+raised while one is traced leaves that state broken for every later request.
+Values are range-checked before a request is accepted
+(:mod:`mlxcore.engine.validation`); the filters also skip values that mean "keep
+everything" (``top_k`` at or above the vocabulary size).
 """
 
 from __future__ import annotations
 
+import math
+import secrets
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors
+from mlx_lm.sample_utils import make_logits_processors
 
 from mlxcore.engine.request import SamplingParams
 from mlxcore.engine.strategies import LogitsProcessor, Sampler, StepToken
@@ -21,24 +29,60 @@ def greedy(logprobs: mx.array) -> mx.array:
     return mx.argmax(logprobs, axis=-1)
 
 
+def top_p_filter(logprobs: mx.array, top_p: float) -> mx.array:
+    """Keep the smallest set of most likely tokens whose probability reaches ``top_p``."""
+    ascending = mx.sort(logprobs, axis=-1)
+    probs = mx.exp(ascending.astype(mx.float32))
+    # probability mass strictly above each sorted position
+    above = mx.cumsum(probs, axis=-1, reverse=True, inclusive=False)
+    total = above[..., :1] + probs[..., :1]
+    cut = (above >= top_p * total).sum(axis=-1, keepdims=True)
+    threshold = mx.take_along_axis(ascending, cut, axis=-1)
+    return mx.where(logprobs < threshold, -math.inf, logprobs)
+
+
+def min_p_filter(logprobs: mx.array, min_p: float) -> mx.array:
+    """Drop tokens less likely than ``min_p`` times the most likely one."""
+    floor = mx.max(logprobs, axis=-1, keepdims=True) + math.log(min_p)
+    return mx.where(logprobs < floor, -math.inf, logprobs)
+
+
+def top_k_filter(logprobs: mx.array, top_k: int) -> mx.array:
+    """Keep the ``top_k`` most likely tokens (``0 < top_k < vocabulary``)."""
+    dropped = mx.argpartition(-logprobs, kth=top_k - 1, axis=-1)[..., top_k:]
+    return mx.put_along_axis(logprobs, dropped, mx.array(-math.inf, logprobs.dtype), axis=-1)
+
+
+def filter_logprobs(params: SamplingParams, logprobs: mx.array) -> mx.array:
+    """``logprobs`` with the request's top-p, min-p and top-k filters applied, in that
+    order; a value that keeps every token is skipped."""
+    if 0.0 < params.top_p < 1.0:
+        logprobs = top_p_filter(logprobs, params.top_p)
+    if 0.0 < params.min_p <= 1.0:
+        logprobs = min_p_filter(logprobs, params.min_p)
+    if 0 < params.top_k < logprobs.shape[-1]:
+        logprobs = top_k_filter(logprobs, params.top_k)
+    return logprobs
+
+
+def request_key(seed: int | None, salt: int = 0) -> Any:
+    """A private random key: from ``seed`` (plus ``salt``) when given, else a fresh one."""
+    if seed is None:
+        return mx.random.key(secrets.randbits(63))
+    return mx.random.key((seed + salt) & (2**64 - 1))
+
+
 class RandomSampler:
-    """Temperature / top-p / top-k / min-p sampling with an optional private seed."""
+    """Temperature / top-p / top-k / min-p sampling from the request's own random key."""
 
     def __init__(self, params: SamplingParams) -> None:
         self.params = params
-        self._key: Any = mx.random.key(params.seed) if params.seed is not None else None
+        self._key: Any = request_key(params.seed)
 
     def __call__(self, logprobs: mx.array) -> mx.array:
         p = self.params
-        if 0.0 < p.top_p < 1.0:
-            logprobs = apply_top_p(logprobs, p.top_p)
-        if p.min_p > 0.0:
-            logprobs = apply_min_p(logprobs, p.min_p)
-        if p.top_k > 0:
-            logprobs = apply_top_k(logprobs, p.top_k)
-        key = None
-        if self._key is not None:
-            self._key, key = mx.random.split(self._key)
+        logprobs = filter_logprobs(p, logprobs)
+        self._key, key = mx.random.split(self._key)
         return mx.random.categorical(logprobs * (1.0 / p.temperature), key=key)
 
 

@@ -92,6 +92,11 @@ class CacheStrategy(abc.ABC):
     def clear(self) -> None:
         """Drop everything stored."""
 
+    def evict(self, nbytes: int) -> None:
+        """Free at least ``nbytes`` of stored state if possible, least useful first (the
+        engine calls it when live requests need the memory). Default: :meth:`clear`."""
+        self.clear()
+
     def stats(self) -> CacheStats:
         """Current counters."""
         return CacheStats()

@@ -4,16 +4,20 @@ MLX streams belong to the thread that created them, and a thread that created a
 stream and then exits can make the process abort at exit ("terminate called
 without an active exception"). So generation threads are never allowed to end:
 an engine borrows a parked worker (or starts a new one) for as long as it runs,
-and the worker goes back to the pool afterwards, keeping its stream.
+and the worker goes back to the pool afterwards, keeping its stream, whether the
+job returned or raised.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
+
+log = logging.getLogger(__name__)
 
 Job = Callable[[Any], None]
 """Runs on a worker thread, given that thread's MLX stream."""
@@ -43,12 +47,17 @@ class _Worker(threading.Thread):
                 job, done = self._job, self._done
             try:
                 job(stream)
-            finally:
+            except BaseException:
+                # the worker outlives its job: it goes back to the pool either way
+                log.exception("a job on %s raised", self.name)
+            try:
                 mx.synchronize(stream)
-                with self._ready:
-                    self._job = None
-                _release(self)
-                done.set()
+            except Exception:
+                log.exception("synchronizing %s's stream failed", self.name)
+            with self._ready:
+                self._job = None
+            _release(self)
+            done.set()
 
 
 _lock = threading.Lock()

@@ -8,6 +8,7 @@ should produce a 500.
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import Any
 
 import msgspec
@@ -90,6 +91,30 @@ def from_validation(exc: msgspec.ValidationError | msgspec.DecodeError) -> APIEr
     return invalid(text, param)
 
 
+def internal_error(exc: BaseException, context: str) -> APIError:
+    """A 500 for an unexpected exception: the detail goes to the log under a fresh error
+    id, the client gets that id and no internal text."""
+    error_id = f"err-{uuid.uuid4().hex[:16]}"
+    log.error("%s: internal error %s", context, error_id, exc_info=exc)
+    return APIError(
+        500,
+        f"internal server error (error id {error_id}; the server log has the details)",
+        type="server_error",
+        code="internal_error",
+    )
+
+
+def overloaded(message: str, retry_after: int = 1) -> APIError:
+    """A 503 asking the client to retry after ``retry_after`` seconds."""
+    return APIError(
+        503,
+        message,
+        type="overloaded_error",
+        code="overloaded",
+        headers={"Retry-After": str(retry_after)},
+    )
+
+
 def as_api_error(request: Request[Any, Any, Any], exc: Exception) -> APIError:
     """Any exception raised while serving ``request`` as an :class:`APIError`
     (front ends with their own error shape render it themselves)."""
@@ -103,8 +128,7 @@ def as_api_error(request: Request[Any, Any, Any], exc: Exception) -> APIError:
         if status == 413:
             detail = "the request body is too large"
         return APIError(status, detail, headers=dict(exc.headers or {}))
-    log.exception("unhandled error on %s %s", request.method, request.url.path)
-    return APIError(500, f"internal error: {type(exc).__name__}")
+    return internal_error(exc, f"{request.method} {request.url.path}")
 
 
 def api_error_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:

@@ -18,13 +18,23 @@ from typing import Any, TypeVar
 
 import attrs
 
+from mlxcore import structured
 from mlxcore.cli.runtime import Runtime
-from mlxcore.engine.engine import EngineOverloaded, RequestRejected
-from mlxcore.engine.events import Event, FinishEvent, RequestHandle, TokenEvent, Usage
+from mlxcore.engine.engine import EngineOverloaded, EngineUnavailable
+from mlxcore.engine.events import (
+    OVERLOADED,
+    UNAVAILABLE,
+    Event,
+    FinishEvent,
+    RequestHandle,
+    TokenEvent,
+    Usage,
+)
 from mlxcore.engine.request import GenerationRequest
+from mlxcore.engine.validation import RequestRejected, check_request, check_stops
 from mlxcore.output import OutputDelta, OutputPipeline
 from mlxcore.prompts import RenderedPrompt, render_chat
-from mlxcore.server.errors import APIError, invalid
+from mlxcore.server.errors import APIError, invalid, overloaded
 from mlxcore.server.metrics import Metrics
 
 T = TypeVar("T")
@@ -42,27 +52,43 @@ class Generation:
     handle: RequestHandle | None = None
 
 
+MAX_CHARS_PER_TOKEN = 32
+"""A prompt longer than ``context x this`` characters cannot fit whatever the
+tokenizer: it is refused before it is templated or tokenized."""
+
+
 class GenerationService:
-    """Shared services for every front end: prompts, parsers, running generations."""
+    """Shared services for every front end: preparation, validation, running generations."""
 
     def __init__(self, runtime: Runtime, metrics: Metrics) -> None:
         self.runtime = runtime
         self.metrics = metrics
-        # One thread: the tokenizer is never used by two preparations at once.
-        self._prepare_pool = ThreadPoolExecutor(1, thread_name_prefix="mlxcore-prepare")
+        workers = runtime.config.prepare_workers
+        # A few threads (the tokenizer is safe to share): one slow request (a huge
+        # prompt, a slow remote image) does not hold up the requests behind it.
+        self._prepare_pool = ThreadPoolExecutor(workers, thread_name_prefix="mlxcore-prepare")
+        self._preparing = 0
 
     async def prepare(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` on the service's preparation thread, off the event loop.
+        """``fn(*args)`` on the service's preparation pool, off the event loop.
 
         Front ends build their requests here: rendering the chat template and
-        tokenizing a prompt of megabytes takes seconds, which on the event loop
-        would stall every other request and stream (and /health).
+        tokenizing a long prompt takes a while, which on the event loop would stall
+        every other request and stream (and /health). At most ``--max-queue-size``
+        preparations wait at once; past that the request is answered as overloaded.
         """
+        if self._preparing >= self.config.max_queue_size:
+            self.metrics.rejected.labels(reason="overloaded").inc()
+            raise overloaded(f"server busy: {self._preparing} requests being prepared")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._prepare_pool, functools.partial(fn, *args))
+        self._preparing += 1
+        try:
+            return await loop.run_in_executor(self._prepare_pool, functools.partial(fn, *args))
+        finally:
+            self._preparing -= 1
 
     def close(self) -> None:
-        """Stop the preparation thread (work already queued still runs)."""
+        """Stop the preparation threads (work already queued still runs)."""
         self._prepare_pool.shutdown(wait=False, cancel_futures=True)
 
     @property
@@ -75,6 +101,19 @@ class GenerationService:
         """The most tokens a sequence may hold (see :attr:`Engine.max_context`)."""
         return self.runtime.engine.max_context
 
+    def check_prompt_size(self, chars: int, param: str = "messages") -> None:
+        """Refuse a prompt of ``chars`` characters that cannot fit the context whatever
+        it tokenizes to, before spending time on it (400 naming ``param``)."""
+        limit = self.context_length
+        if limit is not None and chars > limit * MAX_CHARS_PER_TOKEN:
+            raise APIError(
+                400,
+                f"the prompt ({chars} characters) is far longer than the model's context of "
+                f"{limit} tokens",
+                param=param,
+                code="context_length_exceeded",
+            )
+
     def chat_prompt(
         self,
         messages: Sequence[Mapping[str, Any]],
@@ -82,6 +121,10 @@ class GenerationService:
         template_kwargs: Mapping[str, Any],
     ) -> RenderedPrompt:
         """Render and tokenize a chat prompt; template errors become a 400."""
+        try:
+            self.check_prompt_size(_text_size(messages) + _text_size(tools))
+        except RecursionError:
+            raise invalid("the messages are nested too deeply", "messages") from None
         try:
             return render_chat(
                 self.runtime.tokenizer, messages, tools=tools, **dict(template_kwargs)
@@ -95,47 +138,89 @@ class GenerationService:
 
     def encode(self, text: str) -> list[int]:
         """Tokenize raw text (completions)."""
+        self.check_prompt_size(len(text), "prompt")
         ids: list[int] = self.runtime.tokenizer.encode(text)
         return ids
 
-    def pipeline(self, **kwargs: Any) -> OutputPipeline:
-        """A fresh output pipeline for one request (see :meth:`Runtime.pipeline`)."""
-        return self.runtime.pipeline(**kwargs)
+    def pipeline(
+        self, *, stops: Sequence[str] = (), stops_field: str = "stop", **kwargs: Any
+    ) -> OutputPipeline:
+        """A fresh output pipeline for one request (see :meth:`Runtime.pipeline`); the
+        stop strings are checked with the same limits on every route."""
+        try:
+            checked = check_stops(stops, stops_field)
+        except RequestRejected as exc:
+            raise invalid(exc.message, exc.field) from None
+        return self.runtime.pipeline(stops=checked, **kwargs)
 
-    def start(self, gen: Generation) -> AsyncIterator[OutputDelta]:
-        """Submit ``gen.request`` now and return its output deltas as an async iterator.
+    def validate(self, request: GenerationRequest) -> None:
+        """Check ``request`` against the model and compile its output constraint, on the
+        preparation pool (a schema llguidance cannot compile is a 400 here, not a
+        failure on the engine thread). Front ends call it for every request they build."""
+        try:
+            check_request(request, self.runtime.engine.limits)
+        except RequestRejected as exc:
+            code = exc.code or "invalid_value"
+            raise APIError(400, exc.message, param=exc.field, code=code) from None
+        constraint = request.options.get(structured.OPTION)
+        if constraint is not None:
+            try:
+                structured.prepare(self.runtime.tokenizer, constraint)
+            except structured.ConstraintError as exc:
+                raise invalid(str(exc), "response_format") from None
 
-        Submitting here, before any response is sent, lets a front end answer 503
-        (queue full) or 400 (cannot be served) with a proper status even for a
-        streaming request. Must be called on the event loop's thread.
+    async def start(self, gen: Generation) -> AsyncIterator[OutputDelta]:
+        """Submit ``gen.request`` and wait until the engine starts it; return its output
+        deltas as an async iterator.
+
+        Waiting for the start before any response is sent lets a front end answer 503
+        (queue full, waited too long, engine restarting) or 400 (cannot be served) with
+        a proper status even for a streaming request. If the caller is cancelled (the
+        client went away) while waiting, the request leaves the queue.
         """
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
+        started: asyncio.Future[FinishEvent | None] = loop.create_future()
 
         def deliver(event: Event) -> None:
             # Accounted here, not by the consumer: a request whose client went away
             # (cancelled) still counts as finished.
             if isinstance(event, FinishEvent):
                 self.metrics.record_finish(event, time.perf_counter() - gen.started)
+                if not started.done():
+                    started.set_result(event)
             events.put_nowait(event)
+
+        def admitted() -> None:
+            if not started.done():
+                started.set_result(None)
 
         def sink(event: Event) -> None:
             loop.call_soon_threadsafe(deliver, event)
 
+        def on_admitted() -> None:
+            loop.call_soon_threadsafe(admitted)
+
         try:
-            handle = self.runtime.engine.submit(gen.request, sink)
-        except EngineOverloaded as exc:
+            handle = self.runtime.engine.submit(gen.request, sink, on_admitted)
+        except (EngineOverloaded, EngineUnavailable) as exc:
             self.metrics.rejected.labels(reason="overloaded").inc()
-            raise APIError(503, str(exc), headers={"Retry-After": "1"}) from None
+            raise overloaded(str(exc)) from None
         except RequestRejected as exc:
             self.metrics.rejected.labels(reason="invalid").inc()
-            raise APIError(
-                400, str(exc), param="messages", code="context_length_exceeded"
-            ) from None
+            raise APIError(400, exc.message, param=exc.field, code=exc.code) from None
         gen.handle = handle
+        try:
+            early = await started
+        except BaseException:
+            handle.cancel("cancelled")
+            raise
+        if early is not None and early.code in (OVERLOADED, UNAVAILABLE):
+            self.metrics.rejected.labels(reason="overloaded").inc()
+            raise overloaded(_unavailable_message(early))
         return self._deltas(gen, handle, events)
 
-    def start_all(self, gens: Sequence[Generation]) -> list[AsyncIterator[OutputDelta]]:
+    async def start_all(self, gens: Sequence[Generation]) -> list[AsyncIterator[OutputDelta]]:
         """Start several generations (``n`` choices); if one cannot start, cancel the rest.
 
         More choices than the waiting queue can ever hold is the client's error (400), not
@@ -150,7 +235,7 @@ class GenerationService:
                 param="n",
             )
         try:
-            return [self.start(g) for g in gens]
+            return list(await asyncio.gather(*(self.start(g) for g in gens)))
         except BaseException:
             for g in gens:
                 if g.handle is not None:
@@ -161,7 +246,9 @@ class GenerationService:
         self, gen: Generation, handle: RequestHandle, events: asyncio.Queue[Event]
     ) -> AsyncIterator[OutputDelta]:
         """Yield deltas until the request finishes; the last one has ``finish_reason``
-        and ``gen.usage`` is final by then. A failure inside generation is a 500."""
+        and ``gen.usage`` is final by then. A failure inside generation is a 500 (503
+        when the engine was at fault: a restart, a hang, shutdown) whose message carries
+        the request id, never the internal error text (that is in the log)."""
         finished = False
         try:
             while True:
@@ -180,12 +267,40 @@ class GenerationService:
                 finished = True
                 gen.usage = event.usage
                 if event.reason == "error":
-                    raise APIError(500, f"generation failed: {event.error}", type="server_error")
+                    raise _generation_error(gen.request.request_id, event)
                 yield gen.pipeline.finish(event.reason)
                 return
         finally:
             if not finished:
                 handle.cancel("cancelled")
+
+
+def _unavailable_message(event: FinishEvent) -> str:
+    if event.code == OVERLOADED:
+        return f"server busy: the request {event.error or 'waited too long'}; retry later"
+    return f"the server cannot take requests now ({event.error or 'engine unavailable'})"
+
+
+def _generation_error(request_id: str, event: FinishEvent) -> APIError:
+    if event.code in (OVERLOADED, UNAVAILABLE):
+        return overloaded(_unavailable_message(event))
+    return APIError(
+        500,
+        f"generation failed for request {request_id}; the server log has the details",
+        type="server_error",
+        code="generation_failed",
+    )
+
+
+def _text_size(value: Any) -> int:
+    """Characters of text in a JSON-like value (strings counted, structure ignored)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, Mapping):
+        return sum(_text_size(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(_text_size(v) for v in value)
+    return 0
 
 
 async def collect(deltas: AsyncIterator[OutputDelta]) -> OutputDelta:

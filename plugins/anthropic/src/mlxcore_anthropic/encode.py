@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
@@ -147,11 +146,7 @@ class EventWriter:
         return self._close()
 
 
-async def guard_events(events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """An error after the stream started becomes an ``error`` event."""
-    try:
-        async for chunk in events:
-            yield chunk
-    except APIError as exc:
-        _, body = error_body(exc)
-        yield event("error", body)
+def error_event(err: APIError) -> bytes:
+    """An error after the stream started, as Anthropic's ``error`` event."""
+    _, body = error_body(err)
+    return event("error", body)

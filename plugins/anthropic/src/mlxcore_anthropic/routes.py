@@ -7,7 +7,6 @@ from typing import Any
 
 import attrs
 from litestar import Request, Response, Router, post
-from litestar.response import Stream
 
 from mlxcore import structured
 from mlxcore.engine.request import GenerationRequest
@@ -24,13 +23,14 @@ from mlxcore.server.requests import (
     validated_options,
 )
 from mlxcore.server.service import Generation, GenerationService, collect
+from mlxcore.server.sse import event_stream
 from mlxcore_anthropic import convert
 from mlxcore_anthropic.encode import (
     EventWriter,
     content_blocks,
     error_body,
+    error_event,
     event,
-    guard_events,
     new_message_id,
     stop_reason,
     usage_body,
@@ -82,13 +82,10 @@ def build_generation(
     """Validate a Messages request and prepare its generation."""
     if body.max_tokens < 1:
         raise invalid("max_tokens must be at least 1", "max_tokens")
-    limit = svc.context_length
-    if limit is not None and body.max_tokens > limit:
-        raise invalid(f"max_tokens exceeds the model's context of {limit}", "max_tokens")
     reserved = (structured.OPTION, structured.START_AFTER_OPTION)
     options = validated_options(svc, {k: v for k, v in extras.items() if k not in reserved})
     prompt, tools = _prompt(svc, body, options)
-    stops = [s for s in body.stop_sequences or [] if s]
+    stops = list(body.stop_sequences or [])
     forced = _forced_tool_choice(body, tools)
     if forced is not None:
         options[structured.OPTION] = forced[0]
@@ -104,8 +101,10 @@ def build_generation(
         media=prompt.media,
         cache_key=prompt.cache_key,
     )
+    svc.validate(request)
     pipeline = svc.pipeline(
         stops=stops,
+        stops_field="stop_sequences",
         tools=tools,
         prompt_text=prompt.text,
         tool_parser=forced[1] if forced else None,
@@ -131,7 +130,7 @@ def _forced_tool_choice(body: MessagesRequest, tools: list[dict[str, Any]] | Non
         raise invalid(str(exc), "tool_choice") from None
 
 
-@post("/messages", status_code=200)
+@post("/messages", status_code=200, opt={"body": MessagesRequest})
 async def messages(request: Request[Any, Any, Any]) -> Any:
     """Anthropic Messages."""
     svc = service_of(request)
@@ -139,15 +138,11 @@ async def messages(request: Request[Any, Any, Any]) -> Any:
     extras = await body_extras(request, KNOWN_FIELDS)
     check_model(svc, body.model)
     gen = await svc.prepare(build_generation, svc, body, extras)
-    deltas = svc.start(gen)
+    deltas = await unless_disconnected(request, svc.start(gen))
     model = served_name(svc, body.model)
     show_thinking = convert.thinking_enabled(body)
     if body.stream:
-        return Stream(
-            guard_events(_events(gen, deltas, model, show_thinking)),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache"},
-        )
+        return event_stream(_events(gen, deltas, model, show_thinking), error_event)
     out = await unless_disconnected(request, collect(deltas))
     reason, sequence = stop_reason(out.finish_reason, gen.pipeline)
     return {
@@ -193,7 +188,7 @@ async def _events(
     yield event("message_stop", {"type": "message_stop"})
 
 
-@post("/messages/count_tokens", status_code=200)
+@post("/messages/count_tokens", status_code=200, opt={"body": CountTokensRequest})
 async def count_tokens(request: Request[Any, Any, Any]) -> dict[str, int]:
     """How many input tokens a Messages request's prompt has."""
     svc = service_of(request)

@@ -22,10 +22,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
 from mlxcore.engine.request import SamplingParams
-from mlxcore.engine.sampling import RandomSampler, greedy
+from mlxcore.engine.sampling import RandomSampler, filter_logprobs, greedy, request_key
 
 GREEDY = "greedy"
 REJECTION = "rejection"
@@ -48,25 +47,18 @@ def normalize(logits: mx.array) -> mx.array:
 
 def sampling_logits(params: SamplingParams, logprobs: mx.array) -> mx.array:
     """The tempered, filtered logits that mlxcore's ``RandomSampler`` draws from."""
-    if 0.0 < params.top_p < 1.0:
-        logprobs = apply_top_p(logprobs, params.top_p)
-    if params.min_p > 0.0:
-        logprobs = apply_min_p(logprobs, params.min_p)
-    if params.top_k > 0:
-        logprobs = apply_top_k(logprobs, params.top_k)
-    return logprobs * (1.0 / params.temperature)
+    return filter_logprobs(params, logprobs) * (1.0 / params.temperature)
 
 
 class KeyStream:
-    """Random keys for one sequence: its own stream when seeded, MLX's global one otherwise."""
+    """Random keys for one sequence: from its seed when seeded, else from a fresh random
+    key (never MLX's global generator, which every request shares)."""
 
     def __init__(self, seed: int | None) -> None:
-        self._key: Any = None if seed is None else mx.random.key(seed + 0x6D7470)
+        self._key: Any = request_key(seed, salt=0x6D7470)
 
     def next(self) -> Any:
-        """The next key (``None`` = use the global generator)."""
-        if self._key is None:
-            return None
+        """The next key."""
         self._key, key = mx.random.split(self._key)
         return key
 

@@ -8,16 +8,15 @@ from typing import Any
 
 import attrs
 from litestar import Request, Response, post
-from litestar.response import Stream
 
 from mlxcore import structured
 from mlxcore.builtin.openai import convert
 from mlxcore.builtin.openai.encode import (
     SSE_DONE,
     LogprobEncoder,
-    guard_stream,
     new_id,
     now,
+    openai_stream,
     sse,
     tool_call_body,
     tool_call_head,
@@ -76,7 +75,7 @@ def build_generations(
         logprobs=body.logprobs,
         top_logprobs=top,
     )
-    stops = convert.stop_strings(body.stop)
+    stops = convert.stop_list(body.stop)
     thinks = (
         svc.runtime.parsers.reasoning is not None and kwargs.get("enable_thinking") is not False
     )
@@ -97,6 +96,7 @@ def build_generations(
             media=payload,
             cache_key=cache_key,
         )
+        svc.validate(req)
         pipe = svc.pipeline(
             stops=stops,
             tools=tools,
@@ -113,7 +113,7 @@ def _plugin_options(extras: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in extras.items() if k not in reserved}
 
 
-@post("/v1/chat/completions", status_code=200)
+@post("/v1/chat/completions", status_code=200, opt={"body": ChatCompletionRequest})
 async def chat_completions(request: Request[Any, Any, Any]) -> Any:
     """OpenAI chat completions."""
     svc = service_of(request)
@@ -121,17 +121,12 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Any:
     options = await body_extras(request, KNOWN_FIELDS)
     check_model(svc, body.model)
     gens = await svc.prepare(build_generations, svc, body, options)
-    streams = svc.start_all(gens)
+    streams = await unless_disconnected(request, svc.start_all(gens))
     model = served_name(svc, body.model)
     logprobs = LogprobEncoder(svc.runtime.tokenizer) if body.logprobs else None
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        chunks = _stream(gens, streams, model, logprobs, include_usage)
-        return Stream(
-            guard_stream(chunks),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache"},
-        )
+        return openai_stream(_stream(gens, streams, model, logprobs, include_usage))
     return Response(await unless_disconnected(request, _complete(gens, streams, model, logprobs)))
 
 

@@ -8,16 +8,15 @@ from typing import Any
 
 import attrs
 from litestar import Request, Response, get, post
-from litestar.response import Stream
 
 from mlxcore.builtin.openai import convert
 from mlxcore.builtin.openai.chat import _merge
 from mlxcore.builtin.openai.encode import (
     SSE_DONE,
     LogprobEncoder,
-    guard_stream,
     new_id,
     now,
+    openai_stream,
     sse,
     usage_body,
 )
@@ -76,7 +75,7 @@ def build_generations(
     budget = convert.max_tokens(
         body.max_tokens, 16, svc.context_length, prompt_len=len(prompt), prompt_param="prompt"
     )
-    stops = convert.stop_strings(body.stop)
+    stops = convert.stop_list(body.stop)
     options = validated_options(svc, options)
     gens = []
     for i in range(body.n):
@@ -90,11 +89,12 @@ def build_generations(
             options=options,
             request_id=new_id("cmpl"),
         )
+        svc.validate(req)
         gens.append(Generation(req, svc.pipeline(stops=stops, parse=False)))
     return gens
 
 
-@post("/v1/completions", status_code=200)
+@post("/v1/completions", status_code=200, opt={"body": CompletionRequest})
 async def completions(request: Request[Any, Any, Any]) -> Any:
     """OpenAI (legacy) text completions."""
     svc = service_of(request)
@@ -105,16 +105,12 @@ async def completions(request: Request[Any, Any, Any]) -> Any:
     echo = ""
     if body.echo:
         echo = await svc.prepare(svc.runtime.tokenizer.decode, list(gens[0].request.prompt_tokens))
-    streams = svc.start_all(gens)
+    streams = await unless_disconnected(request, svc.start_all(gens))
     model = served_name(svc, body.model)
     lp = LogprobEncoder(svc.runtime.tokenizer) if body.logprobs is not None else None
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return Stream(
-            guard_stream(_stream(gens, streams, model, lp, include_usage, echo)),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache"},
-        )
+        return openai_stream(_stream(gens, streams, model, lp, include_usage, echo))
     results = await unless_disconnected(request, asyncio.gather(*(collect(s) for s in streams)))
     choices = [
         {

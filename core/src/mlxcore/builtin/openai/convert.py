@@ -13,13 +13,12 @@ from typing import Any
 from mlxcore import structured
 from mlxcore.builtin.openai.schemas import ChatCompletionRequest, Message, SamplingFields
 from mlxcore.engine.request import SamplingParams
+from mlxcore.engine.validation import MAX_TOP_LOGPROBS
 from mlxcore.media import MediaHandler, MediaPart
 from mlxcore.parsers.base import ToolParser
 from mlxcore.server.errors import APIError, invalid
 
 MAX_N = 16
-MAX_TOP_LOGPROBS = 20
-MAX_STOPS = 16
 
 
 def _range(name: str, value: float | None, low: float, high: float) -> None:
@@ -79,14 +78,12 @@ def sampling_params(
     )
 
 
-def stop_strings(stop: str | list[str] | None) -> list[str]:
-    """The request's stop strings as a list."""
+def stop_list(stop: str | list[str] | None) -> list[str]:
+    """The request's stop strings as a list (checked with every route's limits by
+    :meth:`GenerationService.pipeline`)."""
     if stop is None:
         return []
-    stops = [stop] if isinstance(stop, str) else list(stop)
-    if len(stops) > MAX_STOPS:
-        raise invalid(f"at most {MAX_STOPS} stop strings are allowed", "stop")
-    return [s for s in stops if s]
+    return [stop] if isinstance(stop, str) else list(stop)
 
 
 def max_tokens(

@@ -12,7 +12,7 @@ import msgspec
 from mlxcore.engine.events import Usage
 from mlxcore.engine.strategies import StepToken
 from mlxcore.parsers.base import ToolCall
-from mlxcore.server.errors import APIError
+from mlxcore.server.sse import EventStream, event_stream
 
 
 def new_id(prefix: str) -> str:
@@ -111,12 +111,7 @@ def sse(payload: dict[str, Any]) -> bytes:
 SSE_DONE = b"data: [DONE]\n\n"
 
 
-async def guard_stream(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """Pass ``chunks`` through; an error after the response started becomes a final
+def openai_stream(chunks: AsyncIterator[bytes]) -> EventStream:
+    """An OpenAI SSE response: an error after the response started becomes a final
     ``{"error": ...}`` event and ``[DONE]`` instead of a broken connection."""
-    try:
-        async for chunk in chunks:
-            yield chunk
-    except APIError as exc:
-        yield sse(exc.body())
-        yield SSE_DONE
+    return event_stream(chunks, lambda err: sse(err.body()) + SSE_DONE)

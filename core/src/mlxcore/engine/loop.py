@@ -1,0 +1,433 @@
+"""The batch loop: admitted requests, their prefill and the running decode batch.
+
+One :class:`BatchLoop` owns one set of strategies (cache, prefill, decoder) and the
+requests admitted into it. The :class:`~mlxcore.engine.engine.Engine` runs one loop at
+a time on its generation thread and replaces it with a fresh one (fresh strategies,
+fresh caches) after a fault it cannot contain, so nothing half-updated survives.
+
+Containment rules:
+
+* a failure in one request's set-up, prefill, first sampling, logits processors or
+  hand-over to the decoder ends that request alone (``error``);
+* a decode step that fails fails the sequences in the batch and the decoder is
+  rebuilt (its batch state is unknown after the failure);
+* anything else that raises out of :meth:`BatchLoop.iterate` is a fault: the engine
+  fails every request and replaces the loop.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import itertools
+import logging
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import mlx.core as mx
+
+from mlxcore.engine.events import Event, FinishEvent, RequestHandle, TokenEvent, Usage
+from mlxcore.engine.request import GenerationRequest
+from mlxcore.engine.sampling import make_processors, make_sampler, token_with_logprobs
+from mlxcore.engine.strategies import (
+    CacheStrategy,
+    Decoder,
+    DecodeSequence,
+    LogitsProcessor,
+    PrefillGenerator,
+    PrefillResult,
+    PrefillStrategy,
+    PrefillTask,
+    Sampler,
+    SequenceCache,
+    StepToken,
+)
+from mlxcore.errors import MlxcoreError
+
+log = logging.getLogger(__name__)
+
+
+@attrs.frozen
+class EngineParts:
+    """How an engine gets its strategies (called again for every fresh loop) and the
+    per-request logits processors plugins add.
+
+    Attributes:
+        cache: builds the cache strategy.
+        prefill: builds the prefill strategy.
+        decoder: builds the decoder.
+        processors_for: the plugins' logits processors for one request.
+    """
+
+    cache: Callable[[], CacheStrategy]
+    prefill: Callable[[], PrefillStrategy]
+    decoder: Callable[[], Decoder]
+    processors_for: Callable[[GenerationRequest], list[LogitsProcessor]] = lambda _r: []
+
+
+@attrs.define(eq=False)
+class AdmittedRequest:
+    """Engine-side state of one admitted request."""
+
+    handle: RequestHandle
+    sampler: Sampler
+    processors: list[LogitsProcessor]
+    stop_ids: frozenset[int]
+    usage: Usage
+    prefill: PrefillGenerator | None = None
+    task: PrefillTask | None = None
+    seq: DecodeSequence | None = None
+    reusable: bool = True
+    generated: int = 0
+    failed: str | None = None
+    prefill_begun: bool = False
+    """True once the prefill generator ran a step (the task can no longer be batched)."""
+    solo: bool = False
+    """True after a batched prefill with this task failed: prefill it alone."""
+
+    @property
+    def request(self) -> GenerationRequest:
+        return self.handle.request
+
+
+def send(handle: RequestHandle, event: Event) -> None:
+    """Deliver ``event`` to the request's sink; a sink that raises (its client's event
+    loop is gone) cancels the request instead of stopping the engine."""
+    try:
+        handle.sink(event)
+    except Exception:
+        log.exception("event sink of request %s failed; cancelling it", handle.uid)
+        handle.cancel("cancelled")
+
+
+class BatchLoop:
+    """Admission, prefill and decoding over one set of strategies (engine thread only).
+
+    Args:
+        parts: the strategy factories and the plugins' processors.
+        eos_token_ids: the model's end-of-sequence ids.
+        prefill_batch_size: most prompts prefilled together (1: never batch).
+        prefill_step_size: prefill chunk size, the token budget of a batched prefill.
+    """
+
+    def __init__(
+        self,
+        parts: EngineParts,
+        eos_token_ids: frozenset[int],
+        prefill_batch_size: int,
+        prefill_step_size: int,
+    ) -> None:
+        self.parts = parts
+        self.eos_token_ids = eos_token_ids
+        self.prefill_batch_size = prefill_batch_size
+        self.prefill_step_size = prefill_step_size
+        self.cache = parts.cache()
+        self.prefill = parts.prefill()
+        self.decoder = parts.decoder()
+        self.live: dict[int, AdmittedRequest] = {}
+        self.prefilling: collections.deque[AdmittedRequest] = collections.deque()
+        self.abandoned = False
+        """Set when the engine gave up on this loop (a hung step): it sends nothing more."""
+
+    def __len__(self) -> int:
+        return len(self.live)
+
+    # -- one iteration ---------------------------------------------------------
+
+    def iterate(self, admitted: list[RequestHandle]) -> None:
+        """Admit ``admitted``, advance prefill by one chunk, run one decode step."""
+        for handle in admitted:
+            self.admit(handle)
+        self.retire_cancelled()
+        if self.prefilling and not self.prefill_together():
+            self.advance_prefill()
+        if len(self.decoder):
+            self.decode_step()
+
+    def admit(self, handle: RequestHandle) -> None:
+        req = handle.request
+        usage = Usage(prompt_tokens=len(req.prompt_tokens))
+        live = AdmittedRequest(handle, _unbuilt_sampler, [], frozenset(), usage)
+        self.live[handle.uid] = live
+        try:
+            live.sampler = make_sampler(req.sampling)
+            live.processors = make_processors(req.sampling) + self.parts.processors_for(req)
+            live.stop_ids = self.eos_token_ids | req.stop_token_ids
+            if req.cache_key is not None and len(req.cache_key) != len(req.prompt_tokens):
+                raise ValueError("cache_key must be as long as the prompt")
+            lookup = self.cache.lookup(req.cache_tokens)
+            usage.cached_tokens = lookup.cached_tokens
+            live.task = PrefillTask(req, lookup.cache, lookup.cached_tokens)
+            live.task.snapshot = self._snapshotter(live.task)
+            live.prefill = self.prefill.prefill(live.task)
+        except Exception as exc:
+            self.fail(live, exc)
+            return
+        self.prefilling.append(live)
+
+    def _snapshotter(self, task: PrefillTask) -> Any:
+        """The ``snapshot`` callback: keep a copy of the cache at a checkpoint."""
+
+        def snapshot(n: int) -> None:
+            try:
+                self.cache.store(task.request.cache_tokens[:n], copy.deepcopy(task.cache))
+            except Exception:
+                log.exception("cache strategy %s failed to store a snapshot", self.cache.name)
+
+        return snapshot
+
+    def _batchable(self, live: AdmittedRequest) -> bool:
+        if live.prefill_begun or live.solo or live.handle.cancel_reason is not None:
+            return False
+        if live.task is None:
+            return False
+        try:
+            return self.prefill.can_batch(live.task)
+        except Exception:
+            log.exception("prefill strategy %s: can_batch failed", self.prefill.name)
+            live.solo = True
+            return False
+
+    def prefill_together(self) -> bool:
+        """Prefill the waiting head and the not-yet-started prompts that can join it in
+        one batch (``--prefill-batch-size``); False when there was nothing to batch."""
+        cap, budget = self.prefill_batch_size, self.prefill_step_size
+        if cap < 2 or not self._batchable(self.prefilling[0]):
+            return False
+        group = [self.prefilling[0]]
+        for live in itertools.islice(self.prefilling, 1, None):
+            if len(group) >= cap:
+                break
+            if self._batchable(live) and _cheap_enough([*group, live], budget):
+                group.append(live)
+        if len(group) < 2:
+            return False
+        tasks = [live.task for live in group if live.task is not None]
+        try:
+            results = self.prefill.prefill_batch(tasks)
+            if len(results) != len(group):
+                raise MlxcoreError(f"{len(results)} results for {len(group)} prompts")
+        except Exception:
+            log.exception("batched prefill failed; prefilling these prompts one by one")
+            for live in group:
+                live.solo = True
+            return False
+        for live, result in zip(group, results, strict=True):
+            self.prefilling.remove(live)
+            self._close_prefill(live)
+            self.prefilled(live, result)
+        return True
+
+    def _close_prefill(self, live: AdmittedRequest) -> None:
+        if live.prefill is not None:
+            try:
+                live.prefill.close()
+            except Exception:
+                log.exception("prefill strategy %s: closing a prefill failed", self.prefill.name)
+            live.prefill = None
+
+    def advance_prefill(self) -> None:
+        live = self.prefilling[0]
+        assert live.prefill is not None and live.task is not None
+        if live.handle.cancel_reason is not None:
+            self.prefilling.popleft()
+            self._close_prefill(live)
+            self.finish(live, live.handle.cancel_reason)
+            return
+        live.prefill_begun = True
+        try:
+            next(live.prefill)
+            return
+        except StopIteration as done:
+            result = done.value
+        except Exception as exc:
+            self.prefilling.popleft()
+            self.fail(live, exc)
+            return
+        self.prefilling.popleft()
+        self.prefilled(live, result)
+
+    def prefilled(self, live: AdmittedRequest, result: PrefillResult) -> None:
+        """A prefill finished: sample the first token and hand the sequence to the decoder."""
+        assert live.task is not None
+        try:
+            live.reusable = result.reusable
+            live.usage.extra.update(result.usage)
+            if result.position_offset and not self.decoder.supports_position_offset:
+                raise MlxcoreError(
+                    f"decoder {self.decoder.name!r} cannot continue a sequence with a "
+                    "position offset (a media request on an M-RoPE model)"
+                )
+            prompt = list(live.request.prompt_tokens)
+            first = self._sample_first(live, result.logits, prompt)
+            seq = DecodeSequence(
+                uid=live.handle.uid,
+                request=live.request,
+                cache=live.task.cache,
+                tokens=[*prompt, first.token],
+                next_token=first.token,
+                sampler=live.sampler,
+                logits_processors=[_guard(live, p) for p in live.processors],
+                position_offset=result.position_offset,
+            )
+        except Exception as exc:
+            self.fail(live, exc)
+            return
+        live.task = None
+        live.prefill = None
+        live.seq = seq
+        if self.emit(live, [first]):
+            self.retire(live, SequenceCache(seq.cache, len(seq.tokens) - 1))
+            return
+        try:
+            self.decoder.add(seq)
+        except Exception as exc:
+            self.fail(live, exc)
+
+    def _sample_first(self, live: AdmittedRequest, logits: Any, prompt: list[int]) -> StepToken:
+        if live.processors:
+            context = mx.array(prompt)
+            for proc in live.processors:
+                logits = proc(context, logits)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        token = int(live.sampler(logprobs).item())
+        sampling = live.request.sampling
+        if sampling.logprobs:
+            return token_with_logprobs(token, logprobs[0], sampling.top_logprobs)
+        return StepToken(token)
+
+    def decode_step(self) -> None:
+        try:
+            produced = self.decoder.step()
+        except Exception as exc:
+            log.exception("decode step failed; failing the sequences in the batch")
+            decoding = [live for live in self.live.values() if live.seq is not None]
+            self.decoder = self.parts.decoder()  # its batch state is unknown now
+            for live in decoding:
+                self.fail(live, exc)
+            return
+        for uid, tokens in produced.items():
+            found = self.live.get(uid)
+            if found is None:
+                continue
+            live = found
+            if live.failed is not None:
+                self.decoder.remove(uid)
+                self.fail(live, RuntimeError(live.failed))
+            elif self.emit(live, tokens):
+                self.retire(live, self.decoder.remove(uid))
+
+    def emit(self, live: AdmittedRequest, tokens: list[StepToken]) -> bool:
+        """Send tokens to the client; True when the request is now finished."""
+        kept: list[StepToken] = []
+        reason = None
+        for tok in tokens:
+            kept.append(tok)
+            live.generated += 1
+            if tok.token in live.stop_ids:
+                reason = "stop"
+                break
+            if live.generated >= live.request.max_tokens:
+                reason = "length"
+                break
+        live.usage.completion_tokens = live.generated
+        self.send(live.handle, TokenEvent(kept))
+        if reason is not None:
+            live.handle.cancel(reason)
+            return True
+        return False
+
+    def retire_cancelled(self) -> None:
+        for uid, live in list(self.live.items()):
+            if live.seq is not None and live.handle.cancel_reason is not None:
+                self.retire(live, self.decoder.remove(uid))
+
+    def retire(self, live: AdmittedRequest, own: SequenceCache | None) -> None:
+        """Finish ``live``; offer its cache for prefix reuse."""
+        if own is not None and live.seq is not None and live.reusable and own.length > 0:
+            prompt = live.request.cache_tokens
+            tokens = [*prompt, *live.seq.tokens[len(prompt) :]]
+            try:
+                self.cache.store(tokens[: own.length], own.cache)
+            except Exception:
+                log.exception("cache strategy %s failed to store a prefix", self.cache.name)
+        self.finish(live, live.handle.cancel_reason or "stop")
+
+    def finish(
+        self,
+        live: AdmittedRequest,
+        reason: str,
+        error: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        """End ``live`` with ``reason`` (``error``/``code`` as in :class:`FinishEvent`)."""
+        self.live.pop(live.handle.uid, None)
+        if live.seq is not None:
+            live.usage.extra.update(live.seq.usage)
+        live.handle.finished.set()
+        self.send(live.handle, FinishEvent(reason, live.usage, error, code))
+
+    def fail(self, live: AdmittedRequest, exc: BaseException) -> None:
+        """End one request with an error (the detail goes to the log, not the client)."""
+        rid = live.request.request_id or live.handle.uid
+        log.error("request %s failed: %s: %s", rid, type(exc).__name__, exc, exc_info=exc)
+        self.finish(live, "error", f"{type(exc).__name__}: {exc}")
+        repair_random_state()
+
+    def fail_all(self, error: str, code: str | None = None) -> None:
+        """End every admitted request with ``error`` (a fault, a hung step, shutdown)."""
+        for live in list(self.live.values()):
+            self.finish(live, "error", error, code)
+        self.prefilling.clear()
+
+    def send(self, handle: RequestHandle, event: Event) -> None:
+        if not self.abandoned:
+            send(handle, event)
+
+
+def _unbuilt_sampler(logprobs: Any) -> Any:
+    """Stands in until the request's own sampler is built (building may fail)."""
+    raise MlxcoreError("the request's sampler was never built")
+
+
+def repair_random_state() -> None:
+    """Reseed MLX's global random state if a failed compiled function left it broken
+    (mlx-lm's compiled samplers capture it; an exception while tracing one leaves a
+    placeholder behind, and every later unseeded draw fails)."""
+    try:
+        mx.eval(mx.random.state)
+    except Exception:
+        log.warning("MLX's global random state was broken by a failed request; reseeding")
+        state: Any = mx.random.state
+        state[0] = mx.random.key(secrets.randbits(63))
+
+
+_PADDING_SLACK = 256
+"""Padded tokens a batch may always waste (short prompts cost little either way)."""
+
+
+def _cheap_enough(group: list[AdmittedRequest], budget: int) -> bool:
+    """Batch only while the padded batch (every row as long as the longest remaining
+    prompt) is at most ``budget`` tokens, one prefill chunk, so running streams wait
+    no longer for a batch than for a chunk; and while padding at most doubles the work,
+    give or take :data:`_PADDING_SLACK` tokens."""
+    lengths = [len(live.task.remaining) for live in group if live.task is not None]
+    padded = len(lengths) * max(lengths)
+    return padded <= budget and padded <= 2 * sum(lengths) + _PADDING_SLACK
+
+
+def _guard(live: AdmittedRequest, proc: LogitsProcessor) -> LogitsProcessor:
+    """Wrap a processor so its exception fails only its own request, not the batch."""
+
+    def guarded(tokens: Any, logits: Any) -> Any:
+        if live.failed is not None:
+            return logits
+        try:
+            return proc(tokens, logits)
+        except Exception as exc:
+            live.failed = f"logits processor {getattr(proc, '__name__', proc)!r} failed: {exc}"
+            return logits
+
+    return guarded
