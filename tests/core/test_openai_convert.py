@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from mlxcore.builtin.openai import convert
-from mlxcore.engine.validation import RequestRejected, check_stops
 from mlxcore.builtin.openai.schemas import ChatCompletionRequest, Message
+from mlxcore.engine.validation import RequestRejected, check_stops
 from mlxcore.server.errors import APIError
 
 

@@ -271,7 +271,6 @@ def test_a_huge_prompt_does_not_stall_other_requests(
     assert small_took < 5.0, f"a tiny request took {small_took:.1f}s beside two huge prompts"
 
 
-
 def test_huge_top_k_is_not_a_server_error(http: httpx.Client) -> None:
     """A top_k beyond the vocabulary means "no top-k"; it must not crash the sampler."""
     for top_k in (10**20, 10**6):

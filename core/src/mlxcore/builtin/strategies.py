@@ -190,6 +190,7 @@ class LRUPrefixCache(CacheStrategy):
             reused_tokens=self._reused,
             entries=len(self.store_),
             nbytes=self.store_.nbytes,
+            capacity_bytes=self.store_.max_bytes,
         )
 
 

@@ -117,6 +117,8 @@ class Engine:
         self._idle_cleared = True
         self.faults: collections.Counter[str] = collections.Counter()
         self.expired = 0
+        self.peak_reserved = 0
+        """The most cache bytes admitted requests could hold at once, so far."""
         log.info(
             "engine strategies: cache=%s prefill=%s decoder=%s",
             self.cache.name,
@@ -165,26 +167,36 @@ class Engine:
                 )
                 self._watchdog.start()
 
-    def shutdown(self, timeout: float | None = None) -> None:
-        """Stop admitting, answer the waiting requests, give running ones ``timeout``
-        seconds (default ``--shutdown-timeout``) to finish, then end them."""
+    def begin_shutdown(self, timeout: float | None = None) -> None:
+        """Stop admitting and answer the waiting requests now; running ones get
+        ``timeout`` seconds (default ``--shutdown-timeout``) to finish. Returns at once
+        (idempotent); :meth:`shutdown` waits for the end."""
         grace = self.config.shutdown_timeout if timeout is None else timeout
         with self._wake:
-            if self.state in ("new", "stopped"):
-                self.state = "stopped"
+            if self.state in ("new", "stopped", "failed") or self._stopping:
                 return
             self._stopping = True
             self.state, self.reason = "stopping", "the server is shutting down"
             self._drain_deadline = time.monotonic() + grace
             self._end_waiting(UNAVAILABLE, "the server is shutting down")
             self._wake.notify_all()
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """:meth:`begin_shutdown`, then wait until the generation thread has ended."""
+        grace = self.config.shutdown_timeout if timeout is None else timeout
+        self.begin_shutdown(timeout)
+        with self._wake:
+            if self.state == "new":
+                self.state = "stopped"
+                return
             done = self._thread_done
         if done is not None and not done.wait(timeout=grace + 10):
             log.error("the engine thread did not stop within %.0f s; abandoning it", grace + 10)
             with self._wake:
                 self._abandon_loop("the server is shutting down")
         with self._wake:
-            self.state = "stopped"
+            if self.state != "failed":
+                self.state = "stopped"
 
     def submit(
         self,
@@ -248,11 +260,13 @@ class Engine:
             "prefix_cache_reused_tokens": cache.reused_tokens,
             "prefix_cache_entries": cache.entries,
             "prefix_cache_bytes": cache.nbytes,
+            "memory_prefix_cache_budget_bytes": cache.capacity_bytes,
             "engine_up": 1.0 if self.health()[0] else 0.0,
             "engine_restarts": len(self._restarts),
             "engine_faults": sum(self.faults.values()),
             "memory_weights_bytes": self.memory.weights,
             "memory_kv_reserved_bytes": self._reserved(loop),
+            "memory_kv_reserved_peak_bytes": self.peak_reserved,
             "memory_kv_bytes_per_token": self.memory.per_token,
         }
         budget = self.memory.kv_budget(cache.nbytes)
@@ -325,6 +339,7 @@ class Engine:
             taken.append(self._waiting.popleft())
             reserved += need
             room -= 1
+        self.peak_reserved = max(self.peak_reserved, reserved)
         return taken
 
     def _fits(self, loop: BatchLoop, reserved: int) -> bool:

@@ -400,8 +400,7 @@ def repair_random_state() -> None:
         mx.eval(mx.random.state)
     except Exception:
         log.warning("MLX's global random state was broken by a failed request; reseeding")
-        state: Any = mx.random.state
-        state[0] = mx.random.key(secrets.randbits(63))
+        mx.random.seed(secrets.randbits(63))
 
 
 _PADDING_SLACK = 256

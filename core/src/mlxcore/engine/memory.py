@@ -114,11 +114,13 @@ def compact_cache(cache: list[Any]) -> list[Any]:
 
 
 def _compact_layer(layer: Any, out: list[mx.array]) -> None:
-    if type(layer) is KVCache and layer.keys is not None and layer.offset < layer.keys.shape[2]:
+    full_keys: Any = getattr(layer, "keys", None)
+    full_values: Any = getattr(layer, "values", None)
+    if type(layer) is KVCache and full_keys is not None and layer.offset < full_keys.shape[2]:
         n = int(layer.offset)
-        layer.keys = mx.array(layer.keys[..., :n, :])
-        layer.values = mx.array(layer.values[..., :n, :])
-        out.extend((layer.keys, layer.values))
+        keys, values = mx.array(full_keys[..., :n, :]), mx.array(full_values[..., :n, :])
+        layer.keys, layer.values = keys, values
+        out.extend((keys, values))
         return
     for child in getattr(layer, "caches", ()) or ():  # CacheList
         _compact_layer(child, out)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -77,6 +78,9 @@ async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
     svc: GenerationService = request.app.state.service
     return Response(svc.metrics.render(), media_type="text/plain; version=0.0.4")
 
+
+ACCEPT_DRAIN_SECONDS = 1.0
+"""After SIGTERM, how long the listening socket keeps accepting (answering 503)."""
 
 EXIT_ENGINE_FAILED = 70
 """``mlxcore serve``'s exit status when the engine failed for good (EX_SOFTWARE)."""
@@ -207,7 +211,21 @@ def serve(runtime: Runtime, hooks: PluginHooks) -> int:
 
     config = runtime.config
     app = create_app(runtime, hooks)
-    server = uvicorn.Server(
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            # SIGTERM / SIGINT: answer the queue now and let running requests finish;
+            # keep accepting for a moment so connections already in the listen backlog
+            # get a 503 instead of a reset. A second signal stops at once.
+            if runtime.engine.state in ("stopping", "stopped") or self.should_exit:
+                super().handle_exit(sig, frame)
+                return
+            runtime.engine.begin_shutdown()
+            timer = threading.Timer(ACCEPT_DRAIN_SECONDS, super().handle_exit, (sig, frame))
+            timer.daemon = True
+            timer.start()
+
+    server = Server(
         uvicorn.Config(
             app,
             host=config.host,

@@ -1,0 +1,195 @@
+"""``make reliability``: fuzz, concurrency waves, disconnect storm, fault injection, soak.
+
+Runs real ``mlxcore serve`` processes on the embedded default model (or ``--model``),
+prints the figures docs/reliability.md records, writes them as JSON (``--out``) and
+exits non-zero when any part found a defect. ``--smoke`` is a two-minute subset.
+
+    .venv/bin/python scripts/reliability [--smoke] [--soak-seconds 600] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import faults
+import fuzz
+import httpx
+import load
+from common import (
+    MemorySampler,
+    greedy_reference,
+    mb,
+    metrics,
+    report,
+    sampled_works,
+    serving,
+    settle,
+)
+
+GIB = 2**30
+
+
+def run_fuzz(logs: Path, model: str | None, total: int) -> dict[str, Any]:
+    with serving(logs, model) as server:
+        before = greedy_reference(server)
+        document = httpx.get(f"{server.base_url}/openapi.json", timeout=30).json()
+        requests = fuzz.cases(document, total, seed=2026)
+        started = time.monotonic()
+        statuses, problems = asyncio.run(fuzz.send_all(server.base_url, requests, 16))
+        after = greedy_reference(server)
+        if after != before:
+            problems.append(f"greedy output changed: {before!r} -> {after!r}")
+        if not sampled_works(server):
+            problems.append("sampled requests fail after the fuzz run")
+        if not server.alive():
+            problems.append("the server died")
+        figures = {
+            "requests": sum(statuses.values()),
+            "statuses": dict(sorted(statuses.items())),
+            "5xx (not 503)": sum(n for s, n in statuses.items() if s >= 500 and s != 503),
+            "seconds": round(time.monotonic() - started, 1),
+            "greedy unchanged": after == before,
+        }
+        return report("fuzz", figures, problems)
+
+
+def run_load(logs: Path, model: str | None, waves: list[int], storm: int) -> dict[str, Any]:
+    parts: dict[str, Any] = {}
+    with serving(logs, model) as server:
+        asyncio.run(load.wave(server.base_url, 16))  # warm-up
+        baseline = settle(server)
+        m = metrics(server)
+        budgets = (
+            m.get("mlxcore_memory_weights_bytes", 0)
+            + m.get("mlxcore_memory_mlx_cache_limit_bytes", 0)
+            + m.get("mlxcore_memory_prefix_cache_budget_bytes", 0)
+        )
+        parts["baseline"] = {"rss": mb(baseline), "weights + budgets": mb(budgets)}
+        print(f"\nbaseline RSS after warm-up {mb(baseline)}; weights + budgets {mb(budgets)}")
+        for n in waves:
+            with MemorySampler(server) as sampler:
+                result = asyncio.run(load.wave(server.base_url, n))
+            after = settle(server)
+            problems = result.pop("problems")
+            if result["failed"]:
+                problems.append(f"{result['failed']} requests failed")
+            live_kv = metrics(server).get("mlxcore_memory_kv_reserved_peak_bytes", 0)
+            ceiling = budgets + live_kv + GIB
+            if sampler.peak > ceiling:
+                problems.append(f"peak RSS {mb(sampler.peak)} above {mb(ceiling)}")
+            if after > baseline * 1.10:
+                problems.append(f"RSS after the load {mb(after)} > baseline {mb(baseline)} + 10%")
+            figures = {
+                **result,
+                "peak_rss": mb(sampler.peak),
+                "ceiling (weights + budgets + peak live KV + 1 GiB)": mb(ceiling),
+                "rss_after": mb(after),
+            }
+            parts[f"wave_{n}"] = report(f"{n} concurrent connections", figures, problems)
+        with MemorySampler(server) as sampler:
+            result = asyncio.run(load.disconnect_storm(server.base_url, storm))
+        after = settle(server)
+        problems = result.pop("problems")
+        health = httpx.get(f"{server.base_url}/health", timeout=30).json()
+        if health.get("running") or health.get("waiting"):
+            problems.append(f"requests left behind after the storm: {health}")
+        if after > baseline * 1.10:
+            problems.append(f"RSS after the storm {mb(after)} > baseline {mb(baseline)} + 10%")
+        figures = {**result, "peak_rss": mb(sampler.peak), "rss_after": mb(after)}
+        parts["disconnect_storm"] = report(f"disconnect storm ({storm} streams)", figures, problems)
+    return parts
+
+
+def run_faults(logs: Path, model: str | None) -> dict[str, Any]:
+    flags = ("--plugin", "mlxcore.testing.faults", "--engine-watchdog", str(faults.WATCHDOG))
+    flags += ("--engine-max-restarts", "10")
+    parts: dict[str, Any] = {}
+    with serving(logs, model, *flags) as server:
+        before = greedy_reference(server)
+        for fault in faults.FAULTS:
+            result = asyncio.run(faults.scenario(server.base_url, fault))
+            problems = result.pop("problems")
+            parts[fault] = report(f"fault {fault}", result, problems)
+        after = greedy_reference(server)
+        if after != before:
+            parts["greedy"] = report("greedy after faults", {}, [f"{before!r} -> {after!r}"])
+    return parts
+
+
+def run_soak(logs: Path, model: str | None, seconds: float) -> dict[str, Any]:
+    with serving(logs, model) as server:
+        asyncio.run(load.wave(server.base_url, 8))  # warm-up
+        with MemorySampler(server, period=1.0) as sampler:
+            started = time.monotonic()
+            result = asyncio.run(load.soak(server.base_url, seconds, 8))
+            ended = time.monotonic()
+        first = sampler.mean_between(started, started + min(60.0, seconds / 10))
+        last = sampler.mean_between(ended - min(60.0, seconds / 10), ended)
+        growth = (last - first) / first if first else 0.0
+        problems = result.pop("problems")
+        if result["failed"]:
+            problems.append(f"{result['failed']} requests failed")
+        if growth >= 0.05:
+            problems.append(f"RSS grew {growth:.1%} from the first to the last minute")
+        figures = {
+            **result,
+            "seconds": round(ended - started),
+            "rss_first_minute": mb(first),
+            "rss_last_minute": mb(last),
+            "growth": f"{growth:+.2%}",
+            "peak_rss": mb(sampler.peak),
+        }
+        return report(f"soak ({seconds:.0f} s at concurrency 8)", figures, problems)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="reliability", description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="model to serve (default: embedded)")
+    parser.add_argument("--smoke", action="store_true", help="a two-minute subset")
+    parser.add_argument("--fuzz-requests", type=int, default=2200)
+    parser.add_argument("--soak-seconds", type=float, default=600.0)
+    parser.add_argument("--only", nargs="*", default=["fuzz", "load", "faults", "soak"])
+    parser.add_argument("--out", type=Path, default=Path("reliability-results.json"))
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.fuzz_requests, args.soak_seconds = 300, 30.0
+    waves, storm = ([50], 30) if args.smoke else ([200, 500], 100)
+    results: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    with tempfile.TemporaryDirectory(prefix="mlxcore-reliability-") as tmp:
+        logs = Path(tmp)
+        try:
+            if "fuzz" in args.only:
+                results["fuzz"] = run_fuzz(logs, args.model, args.fuzz_requests)
+            if "load" in args.only:
+                results["load"] = run_load(logs, args.model, waves, storm)
+            if "faults" in args.only:
+                results["faults"] = run_faults(logs, args.model)
+            if "soak" in args.only:
+                results["soak"] = run_soak(logs, args.model, args.soak_seconds)
+        finally:
+            for path in sorted(logs.glob("*.log")):
+                text = path.read_text(errors="replace")
+                if "Traceback" in text and "InjectedFault" not in text:
+                    print(f"\n-- tracebacks in {path.name} (first 3000 chars):\n{text[:3000]}")
+    args.out.write_text(json.dumps(results, indent=2, default=str))
+    defects = _count(results)
+    print(f"\n{defects} problem(s); figures in {args.out}")
+    return 1 if defects else 0
+
+
+def _count(node: Any) -> int:
+    if isinstance(node, dict):
+        own = len(node.get("problems", [])) if isinstance(node.get("problems"), list) else 0
+        return own + sum(_count(v) for k, v in node.items() if k != "problems")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

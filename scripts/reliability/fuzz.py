@@ -1,0 +1,198 @@
+"""Property-based fuzzing of every route, generated from the server's own /openapi.json.
+
+Bodies come from hypothesis: valid ones drawn from each route's JSON schema
+(hypothesis-jsonschema), valid ones with one field replaced by arbitrary JSON, extreme
+numbers in the sampling fields, arbitrary JSON documents, raw bytes and wrong content
+types; plus unknown paths and methods. Every response must be below 500 (503 only with
+Retry-After), errors must be in their API's shape, and streams must be well formed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from typing import Any
+
+import httpx
+from common import error_shape_problem, retry_problem, stream_problem
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from hypothesis_jsonschema import from_schema
+
+GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/messages")
+EXTREMES = [0, -1, 1, 2**31, 2**63, 2**64, -(2**63), 1e308, -1e308, 1e-300, 0.5, 3, 100000]
+NUMERIC_FIELDS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "max_tokens",
+    "n",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "top_logprobs",
+    "logprobs",
+)
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+def _inline(schema: Any, components: dict[str, Any]) -> Any:
+    """``schema`` with its ``#/components/schemas`` refs pointing at local ``$defs``."""
+    if isinstance(schema, dict):
+        out = {k: _inline(v, components) for k, v in schema.items()}
+        ref = out.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#/components/schemas/"):
+            out["$ref"] = "#/$defs/" + ref.rsplit("/", 1)[-1]
+        return out
+    if isinstance(schema, list):
+        return [_inline(v, components) for v in schema]
+    return schema
+
+
+def collect(strategy: st.SearchStrategy[Any], n: int, seed: int) -> list[Any]:
+    """``n`` examples drawn from ``strategy`` (deterministic for ``seed``)."""
+    out: list[Any] = []
+
+    @settings(
+        max_examples=n,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+        derandomize=True,
+    )
+    @given(strategy)
+    def gather(value: Any) -> None:
+        out.append(value)
+
+    random.seed(seed)
+    gather()
+    return out
+
+
+def body_strategies(document: dict[str, Any]) -> dict[str, st.SearchStrategy[Any]]:
+    """Path -> strategy of valid bodies, for every route with a JSON body."""
+    components = _inline(document["components"]["schemas"], {})
+    out: dict[str, st.SearchStrategy[Any]] = {}
+    for path, operations in document["paths"].items():
+        body = operations.get("post", {}).get("requestBody")
+        if body is None:
+            continue
+        schema = _inline(body["content"]["application/json"]["schema"], {})
+        out[path] = from_schema({**schema, "$defs": components})
+    return out
+
+
+def _bounded(path: str, body: Any, rng: random.Random) -> Any:
+    """Keep generations short: most valid bodies get a small max_tokens (the rest keep
+    whatever was drawn), so 2,000 requests finish in minutes on a CPU."""
+    if isinstance(body, dict) and path in GENERATION_ROUTES and rng.random() < 0.8:
+        body = {**body, "max_tokens": rng.randint(1, 16)}
+        body.pop("max_completion_tokens", None)
+        if isinstance(body.get("n"), int) and body["n"] > 2:
+            body["n"] = 2
+    return body
+
+
+def cases(document: dict[str, Any], total: int, seed: int) -> list[dict[str, Any]]:
+    """About ``total`` requests: ``{method, path, content (bytes), headers}``."""
+    rng = random.Random(seed)
+    bodies = body_strategies(document)
+    share = max(1, (total * 7 // 10) // max(1, len(bodies)))
+    out: list[dict[str, Any]] = []
+    replacements = EXTREMES + collect(json_values, 200, seed + 3)
+
+    def add(path: str, payload: Any, method: str = "POST", kind: str = "application/json") -> None:
+        if isinstance(payload, bytes):
+            content = payload
+        else:
+            content = json.dumps(payload, allow_nan=False).encode()
+        out.append({"method": method, "path": path, "content": content, "type": kind})
+
+    for path, strategy in bodies.items():
+        valid = collect(strategy, share, seed)
+        for body in valid:
+            if rng.random() < 0.35 and isinstance(body, dict):
+                field = rng.choice([*body.keys(), *NUMERIC_FIELDS])
+                body = {**body, field: rng.choice(replacements)}
+            add(path, _bounded(path, body, rng))
+    paths = list(bodies)
+    for value in collect(json_values, total // 10, seed + 1):
+        add(rng.choice(paths), value)
+    for raw in collect(st.binary(max_size=64), total // 20, seed + 2):
+        add(rng.choice(paths), raw)
+    for _ in range(total // 20):
+        add(
+            rng.choice(paths), b'{"model": "x"}', kind=rng.choice(["text/plain", "application/xml"])
+        )
+    others = ["/v1/models", "/health", "/metrics", "/openapi.json", "/docs", "/v1/nope", "/"]
+    for _ in range(total // 20):
+        method = rng.choice(["GET", "GET", "DELETE", "PUT", "PATCH", "POST"])
+        add(rng.choice(others + paths), b"", method=method)
+    while len(out) < total:
+        add(rng.choice(paths), {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    rng.shuffle(out)
+    return out
+
+
+async def send_all(
+    base: str, requests: list[dict[str, Any]], concurrency: int
+) -> tuple[dict[int, int], list[str]]:
+    """Send ``requests``; return status counts and every problem found."""
+    statuses: dict[int, int] = {}
+    problems: list[str] = []
+    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    for req in requests:
+        queue.put_nowait(req)
+    limits = httpx.Limits(max_connections=concurrency)
+    async with httpx.AsyncClient(base_url=base, timeout=300, limits=limits) as client:
+
+        async def worker() -> None:
+            while not queue.empty():
+                req = queue.get_nowait()
+                try:
+                    problem, status = await _one(client, req)
+                except httpx.HTTPError as exc:
+                    where = f"{req['method']} {req['path']}"
+                    problems.append(f"{where}: {type(exc).__name__} {exc}")
+                    continue
+                statuses[status] = statuses.get(status, 0) + 1
+                if problem:
+                    problems.append(
+                        f"{req['method']} {req['path']} {req['content'][:200]!r}: {problem}"
+                    )
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return statuses, problems
+
+
+async def _one(client: httpx.AsyncClient, req: dict[str, Any]) -> tuple[str | None, int]:
+    headers = {"content-type": req["type"]}
+    path = req["path"]
+    async with client.stream(
+        req["method"], req["path"], content=req["content"], headers=headers
+    ) as r:
+        text = (await r.aread()).decode("utf-8", errors="replace")
+    if r.status_code >= 500 and r.status_code != 503:
+        return f"HTTP {r.status_code}: {text[:200]}", r.status_code
+    if r.status_code >= 400:
+        problem = retry_problem(r)
+        if path.startswith("/v1/"):
+            problem = problem or error_shape_problem(path, r)
+        return problem, r.status_code
+    if (
+        r.headers.get("content-type", "").startswith("text/event-stream")
+        or b'"stream": true' in req["content"]
+    ):
+        return stream_problem(path, r, text), r.status_code
+    return None, r.status_code

@@ -1,0 +1,178 @@
+"""The supervised engine, in process: faults, restarts, queue deadlines, shutdown, memory.
+
+Faults come from the fault-injection plugin (:mod:`mlxcore.testing.faults`) through the
+real loader and the real engine on a tiny real model.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+
+from mlxcore.engine import threads
+from mlxcore.engine.engine import EngineUnavailable
+from mlxcore.engine.events import OVERLOADED, UNAVAILABLE, Event, FinishEvent, TokenEvent
+from mlxcore.engine.loop import repair_random_state
+from mlxcore.engine.request import GenerationRequest, SamplingParams
+from mlxcore.testing.runtime import make_runtime
+
+PROMPT = tuple(range(10, 30))
+
+
+def run(rt, request: GenerationRequest, timeout: float = 60) -> tuple[list[int], FinishEvent]:
+    events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+    rt.engine.submit(request, events.put)
+    tokens: list[int] = []
+    while True:
+        event = events.get(timeout=timeout)
+        if isinstance(event, TokenEvent):
+            tokens.extend(t.token for t in event.tokens)
+        elif isinstance(event, FinishEvent):
+            return tokens, event
+
+
+def greedy(n: int = 12, **options) -> GenerationRequest:
+    return GenerationRequest(PROMPT, n, options=options)
+
+
+@pytest.fixture
+def faulty(tiny_llama: Path) -> Iterator:
+    rt = make_runtime(tiny_llama, "mlxcore.testing.faults", engine_max_restarts=2)
+    yield rt
+    rt.engine.shutdown(timeout=5)
+
+
+def test_a_worker_thread_outlives_a_failing_job() -> None:
+    def boom(stream) -> None:
+        raise RuntimeError("boom")
+
+    threads.run_job(boom).wait(timeout=10)
+    ran = threading.Event()
+    done = threads.run_job(lambda stream: ran.set())
+    assert done.wait(timeout=10) and ran.is_set()
+
+
+def test_an_engine_fault_fails_open_requests_and_restarts(faulty) -> None:
+    reference, finish = run(faulty, greedy())
+    assert finish.reason == "length"
+    events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+    faulty.engine.submit(greedy(200), events.put)  # an ordinary request beside the fault
+    _, finish = run(faulty, greedy(**{"fault": "decoder-remove:raise"}))
+    assert finish.reason == "error" and finish.code == UNAVAILABLE
+    while not isinstance(last := events.get(timeout=10), FinishEvent):
+        pass
+    assert last.reason == "error" and last.code == UNAVAILABLE
+    ok, state, reason = faulty.engine.health()
+    assert not ok and state == "restarting" and "engine fault" in reason
+    with pytest.raises(EngineUnavailable):
+        faulty.engine.submit(greedy(), lambda e: None)
+    time.sleep(2.1)  # the back-off
+    assert faulty.engine.health()[0]
+    again, finish = run(faulty, greedy())
+    assert again == reference and finish.reason == "length"
+    assert faulty.engine.stats()["engine_restarts"] == 1
+
+
+def test_past_its_restarts_the_engine_fails_for_good(tiny_llama: Path) -> None:
+    rt = make_runtime(tiny_llama, "mlxcore.testing.faults", engine_max_restarts=0)
+    try:
+        _, finish = run(rt, greedy(**{"fault": "decoder-remove:raise"}))
+        assert finish.code == UNAVAILABLE
+        ok, state, reason = rt.engine.health()
+        assert not ok and state == "failed" and "no restarts left" in reason
+        with pytest.raises(EngineUnavailable):
+            rt.engine.submit(greedy(), lambda e: None)
+    finally:
+        rt.engine.shutdown(timeout=5)
+    assert rt.engine.state == "failed"
+
+
+def test_a_hung_step_is_abandoned_by_the_watchdog(tiny_llama: Path) -> None:
+    rt = make_runtime(tiny_llama, "mlxcore.testing.faults", engine_watchdog=1.0)
+    try:
+        started = time.monotonic()
+        _, finish = run(rt, greedy(**{"fault": "decoder:hang"}), timeout=15)
+        assert finish.code == UNAVAILABLE and time.monotonic() - started < 5
+        assert rt.engine.faults["hang"] == 1
+        time.sleep(2.1)
+        tokens, finish = run(rt, greedy())
+        assert finish.reason == "length" and len(tokens) == 12
+    finally:
+        rt.engine.shutdown(timeout=5)
+
+
+def test_requests_waiting_past_the_queue_deadline_end_as_overloaded(tiny_llama: Path) -> None:
+    rt = make_runtime(tiny_llama, max_num_seqs=1, max_queue_wait=0.3)
+    try:
+        events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        rt.engine.submit(greedy(2000), events.put)
+        _, finish = run(rt, greedy(), timeout=10)
+        assert finish.reason == "error" and finish.code == OVERLOADED
+        assert rt.engine.stats()["requests_expired_in_queue"] == 1
+    finally:
+        rt.engine.shutdown(timeout=5)
+
+
+def test_shutdown_answers_the_waiting_and_refuses_new_requests(tiny_llama: Path) -> None:
+    rt = make_runtime(tiny_llama, max_num_seqs=1)
+    running: queue.SimpleQueue[Event] = queue.SimpleQueue()
+    waiting: queue.SimpleQueue[Event] = queue.SimpleQueue()
+    rt.engine.submit(greedy(40), running.put)
+    first = running.get(timeout=30)  # it runs
+    rt.engine.submit(greedy(40), waiting.put)
+    rt.engine.shutdown(timeout=10)
+    finish = waiting.get(timeout=1)
+    assert isinstance(finish, FinishEvent) and finish.code == UNAVAILABLE
+    last = first
+    while not isinstance(last, FinishEvent):
+        last = running.get(timeout=1)
+    assert last.reason == "length"  # the running request was let finish
+    with pytest.raises(EngineUnavailable):
+        rt.engine.submit(greedy(), lambda e: None)
+
+
+def test_a_broken_global_random_state_does_not_reach_requests(tiny_llama: Path) -> None:
+    """mlx-lm's compiled top-k, traced with a bad k, leaves MLX's global random state
+    broken; requests draw from their own keys, so sampling still works."""
+    from mlx_lm.sample_utils import apply_top_k
+
+    rt = make_runtime(tiny_llama)
+    try:
+        with pytest.raises(ValueError):
+            apply_top_k(mx.zeros((1, 8)), 100)
+        sampled = GenerationRequest(PROMPT, 8, SamplingParams(temperature=1.0, top_k=10**6))
+        tokens, finish = run(rt, sampled)
+        assert finish.reason == "length" and len(tokens) == 8
+        repair_random_state()
+        mx.eval(mx.random.uniform())  # the repair the engine runs after a failed request
+    finally:
+        mx.random.seed(0)
+        rt.engine.shutdown(timeout=5)
+
+
+def test_prefix_cache_entries_hold_only_their_own_tokens(tiny_llama: Path) -> None:
+    """Entries taken out of a batch are copies: after eight requests decoded together
+    finish, MLX's active memory is the weights plus what the prefix cache reports."""
+    rt = make_runtime(tiny_llama, prefix_cache_size="64MB")
+    try:
+        done: list[queue.SimpleQueue[Event]] = []
+        for i in range(8):
+            events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+            rt.engine.submit(GenerationRequest(tuple(range(10 + i, 200 + i)), 64), events.put)
+            done.append(events)
+        for events in done:
+            while not isinstance(events.get(timeout=60), FinishEvent):
+                pass
+        time.sleep(1.5)  # idle: the engine gives MLX's buffer cache back
+        stats = rt.engine.stats()
+        held = mx.get_active_memory() - stats["memory_weights_bytes"]
+        assert stats["prefix_cache_entries"] >= 8
+        assert held <= stats["prefix_cache_bytes"] * 1.1 + 2**20, (held, stats)
+    finally:
+        rt.engine.shutdown(timeout=5)
