@@ -63,7 +63,7 @@ def run_fuzz(logs: Path, model: str | None, total: int) -> dict[str, Any]:
 def run_load(logs: Path, model: str | None, waves: list[int], storm: int) -> dict[str, Any]:
     parts: dict[str, Any] = {}
     with serving(logs, model) as server:
-        asyncio.run(load.wave(server.base_url, 16))  # warm-up
+        asyncio.run(load.warm_up(server.base_url))
         baseline = settle(server)
         m = metrics(server)
         budgets = (
@@ -125,7 +125,7 @@ def run_faults(logs: Path, model: str | None) -> dict[str, Any]:
 
 def run_soak(logs: Path, model: str | None, seconds: float) -> dict[str, Any]:
     with serving(logs, model) as server:
-        asyncio.run(load.wave(server.base_url, 8))  # warm-up
+        asyncio.run(load.warm_up(server.base_url))
         with MemorySampler(server, period=1.0) as sampler:
             started = time.monotonic()
             result = asyncio.run(load.soak(server.base_url, seconds, 8))

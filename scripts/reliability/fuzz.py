@@ -1,7 +1,7 @@
 """Property-based fuzzing of every route, generated from the server's own /openapi.json.
 
 Bodies come from hypothesis: valid ones drawn from each route's JSON schema
-(hypothesis-jsonschema), valid ones with one field replaced by arbitrary JSON, extreme
+(:func:`from_schema`, for the keywords msgspec's schemas use), valid ones with one field replaced by arbitrary JSON, extreme
 numbers in the sampling fields, arbitrary JSON documents, raw bytes and wrong content
 types; plus unknown paths and methods. Every response must be below 500 (503 only with
 Retry-After), errors must be in their API's shape, and streams must be well formed.
@@ -18,7 +18,6 @@ import httpx
 from common import error_shape_problem, retry_problem, stream_problem
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from hypothesis_jsonschema import from_schema
 
 GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/messages")
 EXTREMES = [0, -1, 1, 2**31, 2**63, 2**64, -(2**63), 1e308, -1e308, 1e-300, 0.5, 3, 100000]
@@ -46,17 +45,43 @@ json_values = st.recursive(
 )
 
 
-def _inline(schema: Any, components: dict[str, Any]) -> Any:
-    """``schema`` with its ``#/components/schemas`` refs pointing at local ``$defs``."""
-    if isinstance(schema, dict):
-        out = {k: _inline(v, components) for k, v in schema.items()}
-        ref = out.get("$ref")
-        if isinstance(ref, str) and ref.startswith("#/components/schemas/"):
-            out["$ref"] = "#/$defs/" + ref.rsplit("/", 1)[-1]
-        return out
-    if isinstance(schema, list):
-        return [_inline(v, components) for v in schema]
-    return schema
+def from_schema(schema: Any, components: dict[str, Any], depth: int = 0) -> st.SearchStrategy[Any]:
+    """Values valid for ``schema`` (the JSON-schema keywords msgspec emits: ``$ref``,
+    ``anyOf``, ``type`` object / array / string / integer / number / boolean / null,
+    ``properties``, ``required``, ``additionalProperties``, ``items``, ``enum``)."""
+    if depth > 6:
+        return st.none()
+    if "$ref" in schema:
+        name = schema["$ref"].rsplit("/", 1)[-1]
+        return st.deferred(lambda: from_schema(components[name], components, depth + 1))
+    if "anyOf" in schema:
+        return st.one_of([from_schema(s, components, depth + 1) for s in schema["anyOf"]])
+    if "enum" in schema:
+        return st.sampled_from(schema["enum"])
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        return st.one_of([from_schema({**schema, "type": k}, components, depth) for k in kind])
+    if kind == "object":
+        props = schema.get("properties")
+        if props is None:
+            return st.dictionaries(st.text(max_size=10), json_values, max_size=4)
+        required = set(schema.get("required", ()))
+        fields = {k: from_schema(v, components, depth + 1) for k, v in props.items()}
+        return st.fixed_dictionaries(
+            {k: v for k, v in fields.items() if k in required},
+            optional={k: v for k, v in fields.items() if k not in required},
+        )
+    if kind == "array":
+        items = from_schema(schema.get("items", {}), components, depth + 1)
+        return st.lists(items, min_size=schema.get("minItems", 0), max_size=3)
+    simple: dict[str, st.SearchStrategy[Any]] = {
+        "string": st.text(max_size=30),
+        "integer": st.integers(min_value=-(2**64), max_value=2**64),
+        "number": st.floats(allow_nan=False, allow_infinity=False),
+        "boolean": st.booleans(),
+        "null": st.none(),
+    }
+    return simple.get(kind, json_values) if isinstance(kind, str) else json_values
 
 
 def collect(strategy: st.SearchStrategy[Any], n: int, seed: int) -> list[Any]:
@@ -82,15 +107,42 @@ def collect(strategy: st.SearchStrategy[Any], n: int, seed: int) -> list[Any]:
 
 def body_strategies(document: dict[str, Any]) -> dict[str, st.SearchStrategy[Any]]:
     """Path -> strategy of valid bodies, for every route with a JSON body."""
-    components = _inline(document["components"]["schemas"], {})
+    components = document["components"]["schemas"]
     out: dict[str, st.SearchStrategy[Any]] = {}
     for path, operations in document["paths"].items():
         body = operations.get("post", {}).get("requestBody")
         if body is None:
             continue
-        schema = _inline(body["content"]["application/json"]["schema"], {})
-        out[path] = from_schema({**schema, "$defs": components})
+        out[path] = from_schema(body["content"]["application/json"]["schema"], components)
     return out
+
+
+ROLES = {
+    "/v1/chat/completions": ["system", "user", "assistant", "tool"],
+    "/v1/messages": ["user", "assistant"],
+}
+
+
+def _plausible(path: str, body: Any, rng: random.Random) -> Any:
+    """Most schema-valid bodies get a served model name and sensible messages, so the
+    fuzz reaches sampling, templating and generation instead of stopping at the first
+    semantic check; the rest keep whatever was drawn."""
+    if not isinstance(body, dict) or rng.random() < 0.3:
+        return body
+    body = {k: v for k, v in body.items() if k != "model"}
+    if path in ROLES and isinstance(body.get("messages"), list):
+        messages = []
+        for m in body["messages"][:3] or [{}]:
+            text = m.get("content") if isinstance(m, dict) else None
+            content = text if isinstance(text, str) and text else rng.choice(["hi", "Say a word."])
+            messages.append({"role": "user", "content": content})
+        if rng.random() < 0.3:
+            messages.insert(0, {"role": rng.choice(ROLES[path]), "content": "be brief"})
+        body["messages"] = messages
+    for key in ("tools", "tool_choice", "response_format", "system", "thinking"):
+        if key in body and rng.random() < 0.5:
+            del body[key]
+    return body
 
 
 def _bounded(path: str, body: Any, rng: random.Random) -> Any:
@@ -125,7 +177,7 @@ def cases(document: dict[str, Any], total: int, seed: int) -> list[dict[str, Any
             if rng.random() < 0.35 and isinstance(body, dict):
                 field = rng.choice([*body.keys(), *NUMERIC_FIELDS])
                 body = {**body, field: rng.choice(replacements)}
-            add(path, _bounded(path, body, rng))
+            add(path, _bounded(path, _plausible(path, body, rng), rng))
     paths = list(bodies)
     for value in collect(json_values, total // 10, seed + 1):
         add(rng.choice(paths), value)

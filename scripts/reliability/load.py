@@ -78,6 +78,16 @@ async def wave(base: str, n: int, seed: int = 0, max_tokens: int = 16) -> dict[s
     return {**counts, "seconds": round(time.monotonic() - started, 1), "problems": problems}
 
 
+WARM_UP_REQUESTS = 96
+"""Distinct requests before a baseline is taken: more than the prefix cache's 64
+entries, so the cache (and MLX's buffer cache) are at their steady size."""
+
+
+async def warm_up(base: str) -> None:
+    """Bring the server to its steady state: caches full, every route used once."""
+    await soak(base, seconds=0.0, concurrency=8, requests=WARM_UP_REQUESTS, seed=99)
+
+
 async def disconnect_storm(base: str, n: int, seed: int = 1) -> dict[str, Any]:
     """``n`` streams whose clients hang up after the first few chunks."""
     rng = random.Random(seed)
@@ -112,8 +122,10 @@ async def disconnect_storm(base: str, n: int, seed: int = 1) -> dict[str, Any]:
     return {"hung_up": dropped, "problems": problems}
 
 
-async def soak(base: str, seconds: float, concurrency: int, seed: int = 2) -> dict[str, Any]:
-    """Mixed load at ``concurrency`` for ``seconds``."""
+async def soak(
+    base: str, seconds: float, concurrency: int, seed: int = 2, requests: int = 0
+) -> dict[str, Any]:
+    """Mixed load at ``concurrency`` for ``seconds`` (or until ``requests`` were sent)."""
     rng = random.Random(seed)
     deadline = time.monotonic() + seconds
     counts = {"ok": 0, "refused": 0, "failed": 0}
@@ -123,7 +135,9 @@ async def soak(base: str, seconds: float, concurrency: int, seed: int = 2) -> di
 
         async def worker() -> None:
             nonlocal i
-            while time.monotonic() < deadline:
+            while time.monotonic() < deadline or i < requests:
+                if requests and i >= requests:
+                    return
                 i += 1
                 outcome, problem = await one(client, *request_for(i, rng, rng.choice([8, 32, 64])))
                 counts[outcome] += 1

@@ -43,7 +43,7 @@ from mlxcore.engine.events import (
     Usage,
 )
 from mlxcore.engine.loop import BatchLoop, EngineParts, send
-from mlxcore.engine.memory import MemoryBudget
+from mlxcore.engine.memory import MemoryBudget, release_memory
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.strategies import CacheStrategy, Decoder, PrefillStrategy
 from mlxcore.engine.threads import run_job
@@ -57,6 +57,9 @@ __all__ = ["Engine", "EngineOverloaded", "EngineParts", "EngineUnavailable", "Re
 
 RESTART_WINDOW = 600.0
 """Seconds over which ``--engine-max-restarts`` is counted."""
+
+IDLE_RELEASE_SECONDS = 1.0
+"""Idle time after which unused memory is given back to the system."""
 
 RESTART_BACKOFF = 2.0
 """Seconds the engine stays unavailable after a fault before it admits again."""
@@ -115,6 +118,7 @@ class Engine:
         self._restarts: list[float] = []
         self._available_at = 0.0
         self._idle_cleared = True
+        self._idle_since: float | None = None
         self.faults: collections.Counter[str] = collections.Counter()
         self.expired = 0
         self.peak_reserved = 0
@@ -245,7 +249,7 @@ class Engine:
             restarting = time.monotonic() < self._available_at
             ok = self.state in ("running", "new") and not restarting
             state = "restarting" if restarting and self.state == "running" else self.state
-            return ok, state, self.reason
+            return ok, state, "" if ok else self.reason
 
     def stats(self) -> dict[str, float]:
         """Load, memory, supervision and strategy counters (snapshots, any thread)."""
@@ -385,6 +389,7 @@ class Engine:
                     continue
                 self._busy_since = None
                 self._idle_cleared = False
+                self._idle_since = None
             with self._wake:
                 if epoch == self._epoch:
                     self._loop.fail_all("the server is shutting down", UNAVAILABLE)
@@ -395,12 +400,15 @@ class Engine:
         return not self._waiting and not loop.live
 
     def _wait_idle(self, loop: BatchLoop) -> None:
-        """Nothing to do: give MLX's buffer cache back once, then sleep until woken
-        (caller holds the lock)."""
-        if not self._idle_cleared:
+        """Nothing to do: sleep until woken; once idle for :data:`IDLE_RELEASE_SECONDS`,
+        give MLX's buffer cache and the C heap's free pages back (caller holds the lock)."""
+        now = time.monotonic()
+        if self._idle_since is None:
+            self._idle_since = now
+        if not self._idle_cleared and now - self._idle_since >= IDLE_RELEASE_SECONDS:
             self._idle_cleared = True
-            mx.clear_cache()
-        self._wake.wait(timeout=1.0)
+            release_memory()
+        self._wake.wait(timeout=IDLE_RELEASE_SECONDS / 2)
 
     def _drained(self, loop: BatchLoop) -> bool:
         """While stopping: True when no request runs, or the drain deadline passed (the
@@ -425,7 +433,7 @@ class Engine:
             self._end_waiting(UNAVAILABLE, reason)
             if not self._may_restart(reason):
                 return False
-        mx.clear_cache()
+        release_memory()
         return self._install_fresh_loop(epoch)
 
     def _may_restart(self, reason: str) -> bool:
@@ -455,8 +463,6 @@ class Engine:
             if epoch != self._epoch:
                 return False
             self._loop = loop
-            if self.state == "running":
-                self.reason = ""
             log.warning("engine restarted with fresh strategies (%d restarts)", len(self._restarts))
             return True
 
@@ -473,7 +479,7 @@ class Engine:
     def _watch(self) -> None:
         period = self.config.engine_watchdog
         while True:
-            time.sleep(min(1.0, period / 4))
+            time.sleep(min(0.25, period / 10))
             with self._wake:
                 since = self._busy_since
                 if self.state != "running" or since is None:

@@ -14,8 +14,12 @@ through a fresh cache of the real model, so it is right for every architecture
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -31,6 +35,54 @@ def physical_memory() -> int | None:
         return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
     except (ValueError, OSError, AttributeError):
         return None
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or None on other C libraries."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    return trim
+
+
+M_MMAP_THRESHOLD = -3
+"""glibc ``mallopt`` parameter: the size from which allocations are memory-mapped."""
+
+MMAP_THRESHOLD_BYTES = 256 * 1024
+
+
+@functools.cache
+def tune_allocator() -> bool:
+    """Make glibc memory-map every allocation of 256 KiB or more, so a freed buffer goes
+    back to the system at once. By default the threshold rises with every large buffer
+    freed, after which such buffers come from the heap and stay in the process when
+    freed: under steady load RSS grew without bound while MLX's own memory did not.
+    ``MLXCORE_MALLOC_TUNING=0`` turns it off. True when applied."""
+    if os.environ.get("MLXCORE_MALLOC_TUNING", "1") == "0":
+        return False
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        mallopt = ctypes.CDLL(name).mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+
+
+def release_memory() -> None:
+    """Give memory nobody uses back to the system: MLX's buffer cache, then the C
+    heap's free pages (glibc keeps freed buffers of a finished batch mapped otherwise:
+    measured, 1.2 GB of RSS after a burst of 200 requests with MLX holding 760 MB)."""
+    mx.clear_cache()
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def kv_bytes_per_token(model: Any) -> int:
@@ -65,6 +117,7 @@ class MemoryBudget:
     @classmethod
     def for_model(cls, model: Any, utilization: float, cache_limit: int) -> MemoryBudget:
         """Measure the model and set MLX's memory and buffer-cache limits."""
+        tune_allocator()
         total = physical_memory()
         limit = int(total * utilization) if total else None
         if limit is not None:
