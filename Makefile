@@ -10,7 +10,7 @@ PY := .venv/bin/python
 export UV_PYTHON_DOWNLOADS := never
 PYTEST_ARGS ?=
 
-.PHONY: setup serve generate test lint typecheck docs bench clean
+.PHONY: setup serve generate test lint typecheck docs bench reliability clean
 
 $(UV):
 	python3 -m venv .tools/uv
@@ -42,6 +42,11 @@ docs:
 
 test: setup lint typecheck
 	.venv/bin/pytest -n 2 --dist loadgroup --durations=15 $(PYTEST_ARGS)
+
+# The reliability suite (not part of `make test`): fuzz, 200/500-connection waves, a
+# disconnect storm, fault injection and a 10-minute soak; ARGS=--smoke for a 2-minute subset.
+reliability: setup
+	$(PY) scripts/reliability $(ARGS)
 
 clean:
 	rm -rf .venv .tools .pytest_cache .mypy_cache .ruff_cache

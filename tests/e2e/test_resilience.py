@@ -10,6 +10,7 @@ again afterwards.
 from __future__ import annotations
 
 import signal
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ pytestmark = pytest.mark.e2e
 
 CHAT = "/v1/chat/completions"
 WATCHDOG = 3.0
+HEAD_TIMEOUT = 2.0
 
 
 def chat(content: str = "hi", max_tokens: int = 4, **extra: Any) -> dict[str, Any]:
@@ -46,6 +48,8 @@ def faulty(mlxcore_server: ServerFactory, tiny_qwen3: Path) -> Server:
         str(WATCHDOG),
         "--engine-max-restarts",
         "50",
+        "--header-timeout",
+        str(HEAD_TIMEOUT),
     )
 
 
@@ -138,6 +142,22 @@ def test_wrong_method_on_messages_is_an_anthropic_error(http: httpx.Client) -> N
     r = http.get("/v1/messages")
     assert r.status_code == 405
     assert r.json()["type"] == "error" and "message" in r.json()["error"]
+
+
+def test_slow_heads_are_closed_and_slow_bodies_timed_out(faulty: Server) -> None:
+    with socket.create_connection(("127.0.0.1", faulty.port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        started = time.monotonic()
+        assert sock.recv(1024) == b""  # closed, head never finished
+        assert time.monotonic() - started < HEAD_TIMEOUT + 3
+    head = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+    )
+    with socket.create_connection(("127.0.0.1", faulty.port), timeout=30) as sock:
+        sock.sendall(head)
+        reply = sock.recv(4096)
+    assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
 
 
 def test_openapi_document_and_docs_page(http: httpx.Client) -> None:

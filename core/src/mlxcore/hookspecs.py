@@ -205,7 +205,8 @@ def mlxcore_cache_strategy(
 ) -> CacheStrategy | None:
     """Offer a prefix-cache strategy for this model, or ``None`` to pass.
 
-    When: once per model, after ``mlxcore_patch_model``. The engine uses the first
+    When: once per model, after ``mlxcore_patch_model``, and again each time the engine
+    restarts after a fault (a fresh instance: nothing survives a fault). The engine uses the first
     candidate (plugins before the built-in LRU cache) unless ``--cache-strategy NAME``
     picks one.
 
@@ -223,7 +224,8 @@ def mlxcore_prefill_strategy(
 ) -> PrefillStrategy | None:
     """Offer a prefill strategy for this model, or ``None`` to pass.
 
-    When: once per model. First candidate wins unless ``--prefill-strategy NAME``.
+    When: once per model, and again after an engine restart. First candidate wins
+    unless ``--prefill-strategy NAME``.
     A strategy that does not apply to one request (a short prompt, an option
     turned off) delegates to chunked prefill itself.
 
@@ -239,7 +241,8 @@ def mlxcore_prefill_strategy(
 def mlxcore_decoder(model: Any, info: ModelInfo, config: ServerConfig) -> Decoder | None:
     """Offer a decoder (plain or speculative) for this model, or ``None`` to pass.
 
-    When: once per model. First candidate wins unless ``--decoder NAME``; the
+    When: once per model, again after an engine restart, and after a decode step that
+    raised (the batch state is unknown then). First candidate wins unless ``--decoder NAME``; the
     built-in plain batched decoder comes last. A speculative decoder proposes,
     verifies and rolls back per sequence inside the running batch.
 

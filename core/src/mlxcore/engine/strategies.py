@@ -1,7 +1,8 @@
 """The strategy interfaces the engine composes: cache, prefill and decoder.
 
 Plugins return instances of these from the ``mlxcore_cache_strategy``,
-``mlxcore_prefill_strategy`` and ``mlxcore_decoder`` hooks, once, at model load.
+``mlxcore_prefill_strategy`` and ``mlxcore_decoder`` hooks at model load (and fresh
+ones whenever the engine restarts after a fault).
 The engine then calls the objects directly in its loop (no hook call per token).
 The built-in defaults (LRU prefix cache, chunked prefill, plain batched decode)
 implement the same interfaces, in :mod:`mlxcore.builtin.strategies`.

@@ -50,7 +50,6 @@ async def health(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
     body: dict[str, Any] = {
         "status": "ok" if ok else "unavailable",
         "engine": state,
-        "model": served_names(svc)[0],
         "running": int(stats["requests_running"]),
         "waiting": int(stats["requests_waiting"]),
         "restarts": int(stats["engine_restarts"]),
@@ -62,6 +61,8 @@ async def health(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
             "mlx_cache_bytes": int(mlx["memory_cache_bytes"]),
         },
     }
+    if not svc.config.api_key:  # /health is open: name nothing behind the key
+        body["model"] = served_names(svc)[0]
     if reason:
         body["reason"] = reason
     return Response(body, status_code=200 if ok else 503)

@@ -22,6 +22,7 @@ _TYPES = {
     401: "authentication_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "timeout_error",
     413: "request_too_large",
     415: "invalid_request_error",
     422: "invalid_request_error",

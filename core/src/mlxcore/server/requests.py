@@ -42,7 +42,11 @@ async def decode_body(request: Request[Any, Any, Any], body_type: type[T]) -> T:
             f"the request body must be JSON (Content-Type: application/json), got {content_type!r}",
             code="unsupported_media_type",
         )
-    raw = await request.body()
+    try:
+        timeout = service_of(request).config.header_timeout or None
+        raw = await asyncio.wait_for(request.body(), timeout)
+    except TimeoutError:
+        raise APIError(408, "the request body did not arrive in time", code="timeout") from None
     try:
         raw.decode("utf-8")  # msgspec does not check the keys it skips
         return msgspec.json.decode(raw, type=body_type)
