@@ -176,3 +176,35 @@ def test_prefix_cache_entries_hold_only_their_own_tokens(tiny_llama: Path) -> No
         assert held <= stats["prefix_cache_bytes"] * 1.1 + 2**20, (held, stats)
     finally:
         rt.engine.shutdown(timeout=5)
+
+
+def test_requests_wait_for_memory_and_prefix_entries_are_evicted_first(tiny_llama: Path) -> None:
+    """With a budget that holds one request's cache (prompt + max_tokens), requests run
+    one at a time, and the prefix cache gives its entries up for them."""
+    rt = make_runtime(tiny_llama, prefix_cache_size="64MB")
+    try:
+        memory = rt.engine.memory
+        one = (len(PROMPT) + 64) * memory.per_token
+        memory.limit = memory.weights + memory.cache_limit + one + one // 2
+        queues: list[queue.SimpleQueue[Event]] = []
+        for i in range(4):
+            events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+            rt.engine.submit(GenerationRequest(tuple(range(10 + i, 30 + i)), 64), events.put)
+            queues.append(events)
+        most = 0
+        finished = 0
+        while finished < 4:
+            most = max(most, int(rt.engine.stats()["requests_running"]))
+            for events in queues:
+                while not events.empty():
+                    if isinstance(events.get(), FinishEvent):
+                        finished += 1
+            time.sleep(0.005)
+        assert most == 1
+        stats = rt.engine.stats()
+        assert stats["memory_kv_reserved_peak_bytes"] <= one
+        # four finished requests were stored (the 64MB cache would keep them all); later
+        # requests only fit after earlier entries were evicted for them
+        assert stats["prefix_cache_entries"] < 4
+    finally:
+        rt.engine.shutdown(timeout=5)
