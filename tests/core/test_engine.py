@@ -12,9 +12,9 @@ import pytest
 from mlx_lm import stream_generate
 from mlx_lm.sample_utils import make_sampler
 
-from mlxcore.cli.runtime import Runtime
 from mlxcore.engine.events import FinishEvent, TokenEvent
 from mlxcore.engine.request import GenerationRequest, SamplingParams
+from mlxcore.runtime import Runtime
 from mlxcore.testing import make_runtime
 
 PROMPTS = [

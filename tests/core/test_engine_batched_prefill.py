@@ -11,9 +11,9 @@ import pytest
 from mlx_lm import stream_generate
 from mlx_lm.sample_utils import make_sampler
 
-from mlxcore.cli.runtime import Runtime
 from mlxcore.engine.events import RequestHandle
 from mlxcore.engine.request import GenerationRequest, SamplingParams
+from mlxcore.runtime import Runtime
 from mlxcore.testing.runtime import Result, make_runtime, submit_together
 
 #: Different lengths (about 4 to 25 tokens), so the batch needs padding.

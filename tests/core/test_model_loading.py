@@ -26,7 +26,7 @@ from mlxcore.models import (
     read_weight_keys,
     resolve_model,
 )
-from mlxcore.models.loader import check_fits_in_memory, mlx_module_for, read_safetensors_header
+from mlxcore.models.folder import check_fits_in_memory, mlx_module_for, read_safetensors_header
 
 WORDS = ["<unk>", "<s>", "</s>", "hello", "world", "paris", "france", "capital"]
 TEMPLATE = "{% for m in messages %}<s>{{ m['content'] }}</s>{% endfor %}"

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from mlxcore.builtin.openai import convert
+from mlxcore.builtin.openai.convert import normalize_chat
 from mlxcore.builtin.openai.schemas import ChatCompletionRequest, Message
 from mlxcore.engine.validation import RequestRejected, check_stops
+from mlxcore.server.builder import generation_budget
 from mlxcore.server.errors import APIError
+
+
+def normalize_text_chat(messages: list[Message]) -> list[dict[str, Any]]:
+    """The template messages for a text-only model (no media handler)."""
+    return normalize_chat(messages, None)[0]
 
 
 def msgs(*pairs: tuple[str, object]) -> list[Message]:
@@ -15,7 +24,7 @@ def msgs(*pairs: tuple[str, object]) -> list[Message]:
 
 
 def test_developer_becomes_system_and_systems_are_hoisted_and_merged() -> None:
-    out = convert.normalize_messages(
+    out = normalize_text_chat(
         msgs(("user", "hi"), ("developer", "be brief"), ("system", "no emojis"))
     )
     assert out[0] == {"role": "system", "content": "be brief\n\nno emojis"}
@@ -24,13 +33,13 @@ def test_developer_becomes_system_and_systems_are_hoisted_and_merged() -> None:
 
 def test_consecutive_user_messages_are_merged_and_parts_flattened() -> None:
     parts = [{"type": "text", "text": "part one"}, {"type": "text", "text": "part two"}]
-    out = convert.normalize_messages(msgs(("user", "first"), ("user", parts)))
+    out = normalize_text_chat(msgs(("user", "first"), ("user", parts)))
     assert out == [{"role": "user", "content": "first\n\npart one\npart two"}]
 
 
 def test_tool_call_arguments_become_mappings_for_templates() -> None:
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
-    out = convert.normalize_messages(
+    out = normalize_text_chat(
         [
             Message(role="user", content="q"),
             Message(role="assistant", content=None, tool_calls=[call]),
@@ -54,7 +63,7 @@ def test_tool_call_arguments_become_mappings_for_templates() -> None:
 )
 def test_bad_messages_name_the_field(messages: list[Message], param: str) -> None:
     with pytest.raises(APIError) as err:
-        convert.normalize_messages(messages)
+        normalize_text_chat(messages)
     assert err.value.status == 400 and err.value.param == param
 
 
@@ -88,11 +97,11 @@ def test_sampling_defaults_follow_openai() -> None:
 
 
 def test_max_tokens_and_stops() -> None:
-    assert convert.max_tokens(None, 512, 100) == 100
+    assert generation_budget(None, 512, 100) == 100
     with pytest.raises(APIError):
-        convert.max_tokens(0, 512, None)
+        generation_budget(0, 512, None)
     with pytest.raises(APIError):
-        convert.max_tokens(10**30, 512, 4096)
+        generation_budget(10**30, 512, 4096)
     assert convert.stop_list("x") == ["x"]
     assert check_stops(["a", ""]) == ["a"]
     with pytest.raises(RequestRejected, match="at most 16"):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mlxcore.config import ServerConfig
-from mlxcore.errors import DuplicateNameError, PluginError, UsageError
+from mlxcore.errors import DuplicateNameError, OptionError, PluginError, UsageError
 from mlxcore.hooks import PluginHooks
 from mlxcore.model_info import ModelInfo
 from mlxcore.plugins import (
@@ -133,7 +133,7 @@ def test_parsers_registry_lists_plugin_parser(plugin_dir: Path) -> None:
     )
     registry = load(name).tool_parsers()
     assert "one" in registry
-    assert registry.entry("one").plugin == "one_parser"
+    assert registry.plugin_of("one") == "one_parser"
 
 
 def test_unknown_plugin_lists_installed() -> None:
@@ -229,16 +229,21 @@ def test_routes_hook_collects_handlers(plugin_dir: Path) -> None:
         plugin_dir,
         "routes_plugin",
         """
-        def hello():
+        from litestar import get
+
+        @get("/hello")
+        async def hello() -> str:
             return "hi"
 
         def mlxcore_routes(config):
             return [hello]
         """,
     )
-    routes = load(name).routes(ServerConfig())
-    assert routes[0].__name__ == "hello"  # plugins come before the built-in OpenAI routes
-    assert len(routes) > 1
+    table = load(name).routes(ServerConfig())
+    # the plugin's route joins the built-in OpenAI routes, each owned by its plugin
+    assert "hello" in [h.handler_name for h in table.handlers] and len(table.handlers) > 1
+    assert table.owner("GET", "/hello") == "routes_plugin"
+    assert table.owner("POST", "/v1/chat/completions") == "mlxcore.builtin.openai"
 
 
 def test_strategy_selection_prefers_plugin_and_honours_names(plugin_dir: Path) -> None:
@@ -267,7 +272,7 @@ def test_strategy_selection_prefers_plugin_and_honours_names(plugin_dir: Path) -
 def test_log_level_is_case_insensitive_and_leaves_root_alone() -> None:
     import logging
 
-    from mlxcore.cli.options import _log_level
+    from mlxcore.settings import log_level as _log_level
 
     assert _log_level("WARNING") == "warning"
     with pytest.raises(argparse.ArgumentTypeError):
@@ -314,7 +319,7 @@ def test_reasoning_parsers_hook_and_auto_selection(plugin_dir: Path) -> None:
         Parsers.select(hooks, without, "auto", "nope")
 
 
-def test_chat_template_hook_chains_rewrites(plugin_dir: Path) -> None:
+def test_chat_template_hook_takes_the_first_rewrite(plugin_dir: Path) -> None:
     first = write_plugin(
         plugin_dir,
         "tpl_first",
@@ -328,9 +333,10 @@ def test_chat_template_hook_chains_rewrites(plugin_dir: Path) -> None:
     )
     hooks = load(first, second)
     info = ModelInfo(path=Path("."), model_type="x")
-    # priority order: the plugin named last is called first, so it sees "base" and passes
+    # priority order: the plugin named last is called first; it sees "base" and passes
     assert hooks.chat_template(info, "base") == "base one"
-    assert load(second, first).chat_template(info, "base") == "base one two"
+    # firstresult: once a plugin rewrote the template, the later ones are not asked
+    assert load(second, first).chat_template(info, "base") == "base one"
 
 
 def test_validate_options_hook(plugin_dir: Path) -> None:
@@ -338,21 +344,28 @@ def test_validate_options_hook(plugin_dir: Path) -> None:
         plugin_dir,
         "opts_plugin",
         """
+        from mlxcore.errors import OptionError
+
         def mlxcore_validate_options(options, config):
             keep = options.get("keep")
             if keep is not None and not 0 < keep <= 1:
-                raise ValueError("keep", "must be in (0, 1]")
+                raise OptionError("keep", "must be in (0, 1]")
             if options.get("boom"):
                 raise RuntimeError("bug in the plugin")
+            if options.get("untyped"):
+                raise ValueError("untyped", "not an OptionError")
         """,
     )
     hooks = load(name)
     hooks.validate_options({"keep": 0.5, "other": 1}, ServerConfig())
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(OptionError) as err:
         hooks.validate_options({"keep": 2}, ServerConfig())
-    assert err.value.args == ("keep", "must be in (0, 1]")
+    assert (err.value.field, err.value.message) == ("keep", "must be in (0, 1]")
     with pytest.raises(PluginError, match=r"opts_plugin.*mlxcore_validate_options"):
         hooks.validate_options({"boom": True}, ServerConfig())
+    # only the typed error is the client's fault; any other exception is the plugin's
+    with pytest.raises(PluginError, match="not an OptionError"):
+        hooks.validate_options({"untyped": True}, ServerConfig())
 
 
 def test_plugin_subcommand_runs_with_common_flags(

@@ -19,12 +19,12 @@ import msgspec
 import pytest
 from msgspec import Meta
 
-from mlxcore.cli.runtime import Runtime, build_runtime
 from mlxcore.config import ServerConfig
 from mlxcore.engine.events import Event, FinishEvent, TokenEvent
 from mlxcore.engine.request import GenerationRequest, SamplingParams
 from mlxcore.hooks import PluginHooks
 from mlxcore.plugins import PluginSelection, create_plugin_manager, load_plugins
+from mlxcore.runtime import Runtime, build_runtime
 from mlxcore.structured import (
     OPTION,
     START_AFTER_OPTION,

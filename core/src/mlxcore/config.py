@@ -1,4 +1,9 @@
-"""Server configuration: the parsed command line, core settings plus plugin options."""
+"""Server configuration: the parsed command line, core settings plus plugin options.
+
+Each core setting is declared once, here, with its default, type, flag and help
+(:func:`mlxcore.settings.setting`); ``mlxcore serve`` / ``generate`` / ``bench``
+generate their flags from these fields, so a flag and its field cannot disagree.
+"""
 
 from __future__ import annotations
 
@@ -7,45 +12,144 @@ from typing import Any
 
 import attrs
 
+from mlxcore.settings import byte_size, log_level, positive_int, seconds, setting
+
+COMMON, ENGINE, PARSERS, HTTP = "common", "engine", "parsers", "http"
+"""Flag groups: every command / model-serving commands / their parsers / ``serve`` only."""
+
 
 @attrs.frozen
 class ServerConfig:
     """Everything ``mlxcore serve`` / ``mlxcore generate`` was told.
 
     Core settings are typed attributes; options that plugins added through
-    ``mlxcore_addoption`` live in ``plugin_options`` (read them with :meth:`option`).
+    ``mlxcore_addoption`` live in ``plugin_options`` (read them with :meth:`option`,
+    or as a typed object with :func:`mlxcore.settings.read_settings`).
     Flag names follow vLLM's where the meaning is the same.
     """
 
     model: str | None = None
-    host: str = "127.0.0.1"
-    port: int = 8000
-    served_model_name: tuple[str, ...] = ()
-    log_level: str = "info"
-    max_num_seqs: int = 16
-    max_queue_size: int = 256
-    max_model_len: int | None = None
-    max_tokens_default: int = 512
-    prefill_step_size: int = 512
-    prefill_batch_size: int = 8
-    prefix_cache_size: str = "32768"
-    gpu_memory_utilization: float = 0.9
-    tool_call_parser: str = "auto"
-    reasoning_parser: str = "auto"
-    cache_strategy: str | None = None
-    prefill_strategy: str | None = None
-    decoder: str | None = None
-    api_key: str | None = None
-    allowed_origins: tuple[str, ...] = ()
-    max_request_body_bytes: int = 8 * 1024 * 1024
-    mlx_cache_limit_bytes: int = 512 * 1024 * 1024
-    max_queue_wait: float = 120.0
-    engine_watchdog: float = 300.0
-    engine_max_restarts: int = 3
-    shutdown_timeout: float = 20.0
-    prepare_workers: int = 2
-    header_timeout: float = 30.0
+    """The positional model argument (a folder, a repo id, a .gguf file; ``None``: the
+    embedded default)."""
+    log_level: str = setting(
+        "info",
+        flag="--log-level",
+        group=COMMON,
+        type=log_level,
+        help="log level for mlxcore and uvicorn: critical, error, warning, info, debug (any case)",
+    )
+    # -- engine ------------------------------------------------------------
+    max_num_seqs: int = setting(
+        16, flag="--max-num-seqs", group=ENGINE, type=positive_int,
+        help="most sequences decoded together",
+    )  # fmt: skip
+    max_queue_size: int = setting(
+        256, flag="--max-queue-size", group=ENGINE, type=positive_int,
+        help="most requests waiting",
+    )  # fmt: skip
+    max_model_len: int | None = setting(
+        None, flag="--max-model-len", group=ENGINE, type=positive_int,
+        help="context length limit",
+    )  # fmt: skip
+    max_tokens_default: int = setting(
+        512, flag="--default-max-tokens", group=ENGINE, type=positive_int, metavar="N",
+        help="tokens a chat request may generate when it sets no max_tokens "
+        "(capped by the context)",
+    )  # fmt: skip
+    prefill_step_size: int = setting(
+        2048, flag="--prefill-step-size", group=ENGINE, type=positive_int,
+        help="prefill chunk size",
+    )  # fmt: skip
+    prefill_batch_size: int = setting(
+        8, flag="--prefill-batch-size", group=ENGINE, type=positive_int,
+        help="most waiting prompts prefilled together in one forward pass (1: one at a time)",
+    )  # fmt: skip
+    prefix_cache_size: str = setting(
+        "32768", flag="--prefix-cache-size", group=ENGINE,
+        help="prefix cache budget: tokens (e.g. 32768) or a size (e.g. 512MB); 0 disables",
+    )  # fmt: skip
+    gpu_memory_utilization: float = setting(
+        0.9, flag="--gpu-memory-utilization", group=ENGINE, type=float,
+        help="fraction of memory MLX may use (vLLM's name)",
+    )  # fmt: skip
+    mlx_cache_limit_bytes: int = setting(
+        512 * 1024 * 1024, flag="--mlx-cache-limit", group=ENGINE, type=byte_size,
+        metavar="SIZE",
+        help="most memory MLX keeps in its buffer cache for reuse (e.g. 512MB, 0); the rest "
+        "is given back (default 512MiB)",
+    )  # fmt: skip
+    max_queue_wait: float = setting(
+        120.0, flag="--max-queue-wait", group=ENGINE, type=seconds, metavar="SECONDS",
+        help="a request waiting longer than this to start is answered as overloaded "
+        "(503 with Retry-After; 0: no limit)",
+    )  # fmt: skip
+    engine_watchdog: float = setting(
+        300.0, flag="--engine-watchdog", group=ENGINE, type=seconds, metavar="SECONDS",
+        help="an engine step making no progress this long is a fault: its requests fail, "
+        "the engine restarts (0: off)",
+    )  # fmt: skip
+    engine_max_restarts: int = setting(
+        3, flag="--engine-max-restarts", group=ENGINE, type=int, metavar="N",
+        help="engine restarts allowed in ten minutes; past them the server exits non-zero",
+    )  # fmt: skip
+    cache_strategy: str | None = setting(
+        None, flag="--cache-strategy", group=ENGINE, metavar="NAME",
+        help="pick a cache strategy by name",
+    )  # fmt: skip
+    prefill_strategy: str | None = setting(
+        None, flag="--prefill-strategy", group=ENGINE, metavar="NAME",
+        help="pick a prefill strategy by name",
+    )  # fmt: skip
+    decoder: str | None = setting(
+        None, flag="--decoder", group=ENGINE, metavar="NAME", help="pick a decoder by name"
+    )
+    # -- parsers -----------------------------------------------------------
+    tool_call_parser: str = setting(
+        "auto", flag="--tool-call-parser", group=PARSERS, metavar="NAME",
+        help="tool-call parser name, or auto",
+    )  # fmt: skip
+    reasoning_parser: str = setting(
+        "auto", flag="--reasoning-parser", group=PARSERS, metavar="NAME",
+        help="reasoning parser name, or auto",
+    )  # fmt: skip
+    # -- http (serve) --------------------------------------------------------
+    host: str = setting(
+        "127.0.0.1", flag="--host", group=HTTP,
+        help="address to listen on (default 127.0.0.1)",
+    )  # fmt: skip
+    port: int = setting(
+        8000, flag="--port", group=HTTP, type=int, help="port to listen on (default 8000)"
+    )
+    served_model_name: tuple[str, ...] = setting(
+        (), flag="--served-model-name", group=HTTP, nargs="+", metavar="NAME", converter=tuple,
+        help="model name(s) clients use (default: the model argument)",
+    )  # fmt: skip
+    api_key: str | None = setting(
+        None, flag="--api-key", group=HTTP,
+        help="require this Bearer key on every route but /health",
+    )  # fmt: skip
+    allowed_origins: tuple[str, ...] = setting(
+        (), flag="--allowed-origins", group=HTTP, nargs="+", metavar="ORIGIN", converter=tuple,
+        help="enable CORS for these origins (off by default)",
+    )  # fmt: skip
+    max_request_body_bytes: int = setting(
+        8 * 1024 * 1024, flag="--max-request-body-bytes", group=HTTP, type=positive_int,
+        help="largest accepted request body",
+    )  # fmt: skip
+    shutdown_timeout: float = setting(
+        20.0, flag="--shutdown-timeout", group=HTTP, type=seconds, metavar="SECONDS",
+        help="on SIGTERM, how long running requests may take to finish",
+    )  # fmt: skip
+    header_timeout: float = setting(
+        30.0, flag="--header-timeout", group=HTTP, type=seconds, metavar="SECONDS",
+        help="close a connection whose request head or body takes longer than this to arrive",
+    )  # fmt: skip
+    prepare_workers: int = setting(
+        2, flag="--prepare-workers", group=HTTP, type=positive_int, metavar="N",
+        help="threads that template, tokenize and fetch media for new requests",
+    )  # fmt: skip
     plugin_options: Mapping[str, Any] = attrs.field(factory=dict)
+    """Values of the flags plugins added, by argparse ``dest``."""
 
     def option(self, name: str, default: Any = None) -> Any:
         """A plugin option by its argparse ``dest`` name (``--my-flag`` -> ``my_flag``)."""

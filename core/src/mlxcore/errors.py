@@ -32,3 +32,43 @@ class PluginError(MlxcoreError):
 
 class DuplicateNameError(MlxcoreError):
     """Two registrations claimed the same name in one registry."""
+
+
+class OptionError(MlxcoreError, ValueError):
+    """A per-request option a plugin reads has a bad value (``mlxcore_validate_options``).
+
+    Attributes:
+        field: the option's path in the request body, e.g. ``"specprefill.keep"``.
+        message: what is wrong with it.
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        self.message = message
+        super().__init__(field, message)
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+class ModelLoadError(MlxcoreError):
+    """A model could not be found, converted or loaded; the message names the path or repo."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class MediaError(MlxcoreError):
+    """An image or video part of a request cannot be used (a
+    :class:`mlxcore.media.MediaHandler` raises it; the front end answers 400).
+
+    Attributes:
+        message: what is wrong with the part.
+        field: the part's path in the request, e.g. ``"messages[0].content[1]"``.
+    """
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        self.message = message
+        self.field = field
+        super().__init__(message)

@@ -1,9 +1,9 @@
 """A typed facade over the plugin manager: the only way core code calls hooks.
 
-Each method calls one hook on every plugin, in priority order, and knows which
-plugin produced which result, so an exception or a duplicate name is reported
-with the plugin's name. Hook results become registries (parsers, strategies)
-that refuse duplicate names.
+Each method calls one hook through pluggy (:func:`mlxcore.hookcalls.call_hook`),
+which knows which plugin produced which result, so an exception or a duplicate
+name is reported with the plugin's name. Hook results become registries
+(parsers, strategies, routes) that refuse duplicate names.
 """
 
 from __future__ import annotations
@@ -17,10 +17,12 @@ import pluggy
 from mlxcore.config import ServerConfig
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.strategies import CacheStrategy, Decoder, LogitsProcessor, PrefillStrategy
-from mlxcore.errors import MlxcoreError, PluginError, UsageError
+from mlxcore.errors import UsageError
+from mlxcore.hookcalls import HookAnswers, call_hook
 from mlxcore.model_info import ModelInfo
 from mlxcore.parsers.base import ReasoningParser, ToolParser
 from mlxcore.registry import Registry
+from mlxcore.routes import RouteTable
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -34,31 +36,13 @@ class PluginHooks:
 
     # -- calling machinery -------------------------------------------------
 
-    def _call_each(self, hook_name: str, **kwargs: Any) -> list[tuple[str, Any]]:
-        """Call ``hook_name`` on each plugin in priority order; (plugin, result) pairs.
-
-        ``None`` results are dropped. Exceptions become :class:`PluginError`
-        naming the plugin (usage errors pass through unchanged).
-        """
-        caller: pluggy.HookCaller = getattr(self.pm.hook, hook_name)
-        results: list[tuple[str, Any]] = []
-        for impl in reversed(caller.get_hookimpls()):
-            args = {name: kwargs[name] for name in impl.argnames}
-            try:
-                result = impl.function(**args)
-            except (UsageError, PluginError):
-                raise
-            except Exception as exc:
-                raise PluginError(
-                    impl.plugin_name, f"{type(exc).__name__}: {exc}", hook=hook_name
-                ) from exc
-            if result is not None:
-                results.append((impl.plugin_name, result))
-        return results
+    def _call(self, hook_name: str, **kwargs: Any) -> HookAnswers:
+        """Call ``hook_name`` through pluggy (see :mod:`mlxcore.hookcalls`)."""
+        return call_hook(self.pm, hook_name, **kwargs)
 
     def _registry(self, kind: str, hook_name: str, **kwargs: Any) -> Registry[Any]:
         registry: Registry[Any] = Registry(kind)
-        for plugin, items in self._call_each(hook_name, **kwargs):
+        for plugin, items in self._call(hook_name, **kwargs).results:
             for item in items if isinstance(items, list | tuple) else [items]:
                 registry.register(getattr(item, "name", ""), item, plugin=plugin)
         return registry
@@ -78,22 +62,23 @@ class PluginHooks:
     # -- start-up ----------------------------------------------------------
 
     def addoption(self, parser: argparse.ArgumentParser) -> None:
-        """``mlxcore_addoption``: one argument group per plugin, titled with its name."""
-        caller: pluggy.HookCaller = self.pm.hook.mlxcore_addoption
-        for impl in reversed(caller.get_hookimpls()):
+        """``mlxcore_addoption``: one argument group per plugin, titled with its name
+        (each plugin is called through its own subset of the hook, so pluggy's rules
+        and tracing still apply)."""
+        impls = self.pm.hook.mlxcore_addoption.get_hookimpls()
+        plugins = [impl.plugin for impl in impls]
+        for impl in reversed(impls):
+            others = [p for p in plugins if p is not impl.plugin]
             group = parser.add_argument_group(f"plugin {impl.plugin_name}")
-            try:
-                impl.function(**{name: group for name in impl.argnames})
-            except argparse.ArgumentError as exc:
-                raise PluginError(impl.plugin_name, str(exc), hook="mlxcore_addoption") from exc
+            self.pm.subset_hook_caller("mlxcore_addoption", remove_plugins=others)(parser=group)
 
     def add_commands(self, subparsers: Any) -> None:
         """``mlxcore_add_commands`` on every plugin."""
-        self._call_each("mlxcore_add_commands", subparsers=subparsers)
+        self._call("mlxcore_add_commands", subparsers=subparsers)
 
     def configure(self, config: ServerConfig) -> None:
         """``mlxcore_configure`` on every plugin."""
-        self._call_each("mlxcore_configure", config=config)
+        self._call("mlxcore_configure", config=config)
 
     def tool_parsers(self) -> Registry[type[ToolParser]]:
         """All tool parser classes, by name (duplicates refused)."""
@@ -103,50 +88,40 @@ class PluginHooks:
         """All reasoning parser classes, by name (duplicates refused)."""
         return self._registry("reasoning parser", "mlxcore_reasoning_parsers")
 
-    def routes(self, config: ServerConfig) -> list[Any]:
-        """Route handlers from every plugin, flattened."""
-        return [r for _, items in self._call_each("mlxcore_routes", config=config) for r in items]
+    def routes(self, config: ServerConfig, table: RouteTable | None = None) -> RouteTable:
+        """Route handlers from every plugin added to ``table`` (e.g. holding the core's
+        own routes), keyed by (method, path): a route two plugins claim stops
+        start-up naming both. Plugins are added in registration order (pluggy calls
+        the newest first), so the later plugin is the one refused."""
+        table = RouteTable() if table is None else table
+        for plugin, items in reversed(self._call("mlxcore_routes", config=config).results):
+            table.add(plugin, list(items))
+        return table
 
     # -- model load --------------------------------------------------------
 
     def load_model(self, model: Any, config: ServerConfig) -> Any:
         """The first ``mlxcore_load_model`` result (a ``LoadedModel``), or ``None``;
-        plugins after the first that loads are not asked."""
-        caller: pluggy.HookCaller = self.pm.hook.mlxcore_load_model
-        args = {"model": model, "config": config}
-        for impl in reversed(caller.get_hookimpls()):
-            try:
-                loaded = impl.function(**{name: args[name] for name in impl.argnames})
-            except MlxcoreError:  # ModelLoadError, UsageError, ...: already clear
-                raise
-            except Exception as exc:
-                raise PluginError(
-                    impl.plugin_name, f"{type(exc).__name__}: {exc}", hook="mlxcore_load_model"
-                ) from exc
-            if loaded is not None:
-                log.info("plugin %s loaded the model", impl.plugin_name)
-                return loaded
-        return None
+        plugins after the first that loads are not asked (``firstresult``)."""
+        answers = self._call("mlxcore_load_model", model=model, config=config).results
+        if not answers:
+            return None
+        plugin, loaded = answers[0]
+        log.info("plugin %s loaded the model", plugin)
+        return loaded
 
     def patch_model(self, model: Any, info: ModelInfo, config: ServerConfig) -> None:
         """``mlxcore_patch_model`` on every plugin."""
-        self._call_each("mlxcore_patch_model", model=model, info=info, config=config)
+        self._call("mlxcore_patch_model", model=model, info=info, config=config)
 
     def chat_template(self, info: ModelInfo, template: str) -> str:
-        """``mlxcore_chat_template`` on every plugin, each rewriting the last result."""
-        caller: pluggy.HookCaller = self.pm.hook.mlxcore_chat_template
-        for impl in reversed(caller.get_hookimpls()):
-            args = {"info": info, "template": template}
-            try:
-                result = impl.function(**{name: args[name] for name in impl.argnames})
-            except Exception as exc:
-                raise PluginError(
-                    impl.plugin_name, f"{type(exc).__name__}: {exc}", hook="mlxcore_chat_template"
-                ) from exc
-            if isinstance(result, str) and result != template:
-                log.info("plugin %s rewrote the chat template", impl.plugin_name)
-                template = result
-        return template
+        """The first plugin's rewrite of the chat template (``firstresult``), or
+        ``template`` unchanged."""
+        answers = self._call("mlxcore_chat_template", info=info, template=template).results
+        if not answers or not isinstance(answers[0][1], str) or answers[0][1] == template:
+            return template
+        log.info("plugin %s rewrote the chat template", answers[0][0])
+        return str(answers[0][1])
 
     def cache_strategy(self, model: Any, info: ModelInfo, config: ServerConfig) -> CacheStrategy:
         """The cache strategy to use (``--cache-strategy`` or the first offered)."""
@@ -171,28 +146,14 @@ class PluginHooks:
     # -- request set-up ----------------------------------------------------
 
     def validate_options(self, options: dict[str, Any], config: ServerConfig) -> None:
-        """``mlxcore_validate_options`` on every plugin; a plugin's ``ValueError``
-        passes through (the front end turns it into a 400), anything else is a
-        :class:`PluginError`."""
-        caller: pluggy.HookCaller = self.pm.hook.mlxcore_validate_options
-        args = {"options": options, "config": config}
-        for impl in reversed(caller.get_hookimpls()):
-            try:
-                impl.function(**{name: args[name] for name in impl.argnames})
-            except ValueError:
-                raise
-            except Exception as exc:
-                raise PluginError(
-                    impl.plugin_name,
-                    f"{type(exc).__name__}: {exc}",
-                    hook="mlxcore_validate_options",
-                ) from exc
+        """``mlxcore_validate_options`` on every plugin; an :class:`OptionError` passes
+        through (the front end turns it into a 400 naming the field), anything else
+        is a :class:`PluginError`."""
+        self._call("mlxcore_validate_options", options=options, config=config)
 
     def logits_processors(
         self, request: GenerationRequest, info: ModelInfo
     ) -> list[LogitsProcessor]:
         """Processors every plugin adds for this request, in priority order."""
-        out: list[LogitsProcessor] = []
-        for _, items in self._call_each("mlxcore_logits_processors", request=request, info=info):
-            out.extend(items)
-        return out
+        answers = self._call("mlxcore_logits_processors", request=request, info=info)
+        return [processor for items in answers.values() for processor in items]

@@ -12,13 +12,17 @@ same (or a subset of the) arguments in your plugin module, marked with
     def mlxcore_tool_parsers():
         return [MyToolParser]
 
-Calling modes: every hook here is called on each plugin in priority order
-(plugins named with ``--plugin`` and installed plugins first, built-ins last);
-list-returning hooks are concatenated; strategy hooks collect one candidate per
-plugin into a name registry that refuses duplicates, and the engine takes the
-first candidate unless a name is chosen on the command line. An exception raised
-by a hook is reported with the plugin's name and stops start-up (or fails only
-the one request, for request-time hooks).
+Calling modes follow pluggy's rules and live on the specs: hooks are called
+through ``pm.hook`` on each plugin in priority order (plugins named with
+``--plugin`` and installed plugins first, built-ins last; ``tryfirst`` /
+``trylast`` respected); ``firstresult=True`` specs (``mlxcore_load_model``,
+``mlxcore_chat_template``) stop at the first non-``None`` answer; list-returning
+hooks are concatenated; strategy hooks collect one candidate per plugin into a
+name registry that refuses duplicates, and the engine takes the first candidate
+unless a name is chosen on the command line. ``wrapper=True`` implementations
+work as in any pluggy project, and ``pm.trace`` / ``add_hookcall_monitoring`` see
+every call. An exception raised by a hook is reported with the plugin's name
+and stops start-up (or fails only the one request, for request-time hooks).
 
 The test ``tests/core/test_hookspecs.py`` fails when a hook here lacks a
 docstring, or is missing from docs/hooks.md, or has no test exercising it.
@@ -108,7 +112,7 @@ def mlxcore_configure(config: ServerConfig) -> None:
     """
 
 
-@hookspec
+@hookspec(firstresult=True)
 def mlxcore_load_model(model: ResolvedModel, config: ServerConfig) -> LoadedModel | None:
     """Load the model yourself (a checkpoint mlx-lm alone cannot serve), or ``None`` to pass.
 
@@ -145,12 +149,13 @@ def mlxcore_patch_model(model: Any, info: ModelInfo, config: ServerConfig) -> No
     """
 
 
-@hookspec
+@hookspec(firstresult=True)
 def mlxcore_chat_template(info: ModelInfo, template: str) -> str | None:
     """Rewrite the model's chat template, or return ``None`` to leave it alone.
 
-    When: once per model at load, after ``mlxcore_patch_model``; each plugin gets the
-    template as the previous one left it. For template quirks that break prefix
+    When: once per model at load, after ``mlxcore_patch_model``; the first plugin
+    that returns a template wins (``firstresult``), so return ``None`` for models that
+    are not yours. For template quirks that break prefix
     reuse across the turns of a conversation (a template that re-renders earlier
     turns differently once a new message arrives): return a prefix-stable variant.
     Model-family plugins implement this; the core has no per-family cases.
@@ -276,14 +281,14 @@ def mlxcore_logits_processors(
 
 @hookspec
 def mlxcore_validate_options(options: dict[str, Any], config: ServerConfig) -> None:
-    """Check the per-request options this plugin reads; raise ``ValueError`` if bad.
+    """Check the per-request options this plugin reads; raise ``OptionError`` if bad.
 
     When: at request set-up, in the front end, before the request reaches the
     engine. ``options`` are the request body's top-level fields that the API does
-    not define (they become ``GenerationRequest.options``). Raise ``ValueError``
-    whose first argument names the field (e.g. ``"specprefill.keep"``) and whose
-    message says what is wrong: the client gets a 400 naming it. Ignore keys that
-    are not yours.
+    not define (they become ``GenerationRequest.options``). Raise
+    :class:`mlxcore.errors.OptionError` with the field (e.g. ``"specprefill.keep"``)
+    and a message saying what is wrong: the client gets a 400 naming it. Any other
+    exception is a fault of the plugin. Ignore keys that are not yours.
 
     Example::
 
@@ -291,7 +296,7 @@ def mlxcore_validate_options(options: dict[str, Any], config: ServerConfig) -> N
         def mlxcore_validate_options(options, config):
             keep = options.get("specprefill", {}).get("keep")
             if keep is not None and not 0 < keep <= 1:
-                raise ValueError("specprefill.keep", "must be in (0, 1]")
+                raise OptionError("specprefill.keep", "must be in (0, 1]")
     """
 
 

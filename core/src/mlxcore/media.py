@@ -56,8 +56,8 @@ class MediaHandler(abc.ABC):
     """Turns a rendered chat prompt and its media parts into engine input.
 
     ``prepare`` runs on the server's preparation thread (not the engine thread): decode
-    and check the media there, and raise :class:`mlxcore.server.errors.APIError` (status
-    400, ``param`` naming the part) for anything unusable.
+    and check the media there, and raise :class:`mlxcore.errors.MediaError` (naming the
+    part; the client gets a 400) for anything unusable.
     """
 
     part_types: ClassVar[frozenset[str]] = frozenset()

@@ -35,6 +35,7 @@ import pluggy
 
 from mlxcore import PROJECT_NAME, hookspecs
 from mlxcore.errors import PluginError, UsageError
+from mlxcore.hookcalls import attribute_implementations
 
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "mlxcore.builtin.strategies",
@@ -54,8 +55,17 @@ class MlxcorePluginManager(pluggy.PluginManager):
 
     Accepting them (as pytest does for ``pytest_*``) means a hook whose
     ``@hookimpl`` was forgotten still runs, and a misspelt one is caught by
-    ``check_pending`` instead of being silently ignored.
+    ``check_pending`` instead of being silently ignored. Hooks are called through
+    ``pm.hook`` with pluggy's own rules; registration only adds attribution.
     """
+
+    def register(self, plugin: Any, name: str | None = None) -> str | None:
+        """Register as pluggy does, then tie each implementation's answers and
+        failures to this plugin (:func:`mlxcore.hookcalls.attribute_implementations`)."""
+        registered = super().register(plugin, name)
+        if registered is not None:
+            attribute_implementations(self, plugin)
+        return registered
 
     def parse_hookimpl_opts(self, plugin: Any, name: str) -> Any:
         opts = super().parse_hookimpl_opts(plugin, name)

@@ -62,14 +62,32 @@ def render_chat(
     if not getattr(tokenizer, "chat_template", None):
         raise MlxcoreError("the model has no chat template; use raw completions instead")
     text = _render(tokenizer, messages, tools, True, template_kwargs)
-    ids: list[int] = tokenizer.encode(text, add_special_tokens=False)
     history = _render(tokenizer, messages, tools, False, template_kwargs)
-    boundary = None
-    if text.startswith(history) and history != text:
-        history_ids: list[int] = tokenizer.encode(history, add_special_tokens=False)
-        if 0 < len(history_ids) < len(ids) and ids[: len(history_ids)] == history_ids:
-            boundary = len(history_ids)
+    if not text.startswith(history) or history == text:
+        return RenderedPrompt(text, tokenizer.encode(text, add_special_tokens=False))
+    ids, boundary = _encode_split(tokenizer, text, len(history))
     return RenderedPrompt(text, ids, boundary)
+
+
+def _encode_split(tokenizer: Any, text: str, cut: int) -> tuple[list[int], int | None]:
+    """``text``'s token ids, tokenized once, and how many of them cover exactly
+    ``text[:cut]`` (``None`` when a token straddles the cut).
+
+    A fast (Rust) tokenizer reports each token's character span; otherwise the
+    prefix is tokenized separately and must be a prefix of the whole.
+    """
+    fast = getattr(tokenizer, "_tokenizer", tokenizer)
+    try:
+        encoded = fast(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids, spans = list(encoded["input_ids"]), list(encoded["offset_mapping"])
+    except (NotImplementedError, TypeError, KeyError):
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        prefix: list[int] = tokenizer.encode(text[:cut], add_special_tokens=False)
+        whole = 0 < len(prefix) < len(ids) and ids[: len(prefix)] == prefix
+        return ids, len(prefix) if whole else None
+    count = sum(1 for _, end in spans if end <= cut)
+    straddles = any(start < cut < end for start, end in spans)
+    return ids, count if 0 < count < len(ids) and not straddles else None
 
 
 def render_chat_prompt(

@@ -67,9 +67,9 @@ class Registry(Generic[T]):
             known = ", ".join(self._entries) or "none"
             raise KeyError(f"no {self.kind} named {name!r} (known: {known})") from None
 
-    def entry(self, name: str) -> Entry[T]:
-        """The full entry (with plugin) for ``name``."""
-        return self._entries[name]
+    def plugin_of(self, name: str) -> str:
+        """The plugin that offered ``name`` (for messages and ``mlxcore plugins``)."""
+        return self._entries[name].plugin
 
     def names(self) -> list[str]:
         """Registered names, in priority order."""

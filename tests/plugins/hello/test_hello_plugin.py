@@ -208,7 +208,7 @@ def test_autoload_skips_opt_in_plugin(hello_installed: None) -> None:
 def test_enabled_plugin_registers_installed_parser(hello_hooks: PluginHooks) -> None:
     registry = hello_hooks.tool_parsers()
     assert "hello" in registry
-    assert registry.entry("hello").plugin == "hello"
+    assert registry.plugin_of("hello") == "hello"
     module = sys.modules[registry.get("hello").__module__]
     assert module.__name__ == "mlxcore_hello"
     purelib = Path(sysconfig.get_paths()["purelib"]).resolve()

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 
 import mlxcore.testing
-from mlxcore.cli.runtime import Runtime, build_runtime
 from mlxcore.config import ServerConfig
 from mlxcore.engine.events import FinishEvent
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.hooks import PluginHooks
 from mlxcore.plugins import PluginSelection, create_plugin_manager, load_plugins
+from mlxcore.runtime import Runtime, build_runtime
 from mlxcore_qwen import stable_template
 
 TEMPLATES = Path(mlxcore.testing.__file__).parent / "assets" / "chat-templates"

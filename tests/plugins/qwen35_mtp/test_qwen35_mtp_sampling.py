@@ -22,12 +22,12 @@ from typing import Any
 import mlx.core as mx
 import pytest
 
-from mlxcore.cli.runtime import Runtime, build_runtime
 from mlxcore.config import ServerConfig
 from mlxcore.engine.events import FinishEvent, TokenEvent
 from mlxcore.engine.request import GenerationRequest, SamplingParams
 from mlxcore.hooks import PluginHooks
 from mlxcore.plugins import PluginSelection, create_plugin_manager, load_plugins
+from mlxcore.runtime import Runtime, build_runtime
 from mlxcore_qwen35_mtp.testing import TINY_SIZE, build_mtp_model
 
 REQUESTS = 96

@@ -13,12 +13,12 @@ import pytest
 from mlx_lm import load, stream_generate
 from mlx_lm.sample_utils import make_sampler
 
-from mlxcore.cli.runtime import Runtime, build_runtime
 from mlxcore.config import ServerConfig
 from mlxcore.engine.events import FinishEvent, TokenEvent
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.hooks import PluginHooks
 from mlxcore.plugins import PluginSelection, create_plugin_manager, load_plugins
+from mlxcore.runtime import Runtime, build_runtime
 from mlxcore.testing.small_vocab import write_small_qwen3_tokenizer
 from mlxcore_qwen35_mtp.testing import TINY_SIZE, build_mtp_model
 

@@ -18,13 +18,13 @@ from sp_helpers import masked_reference, prompt_ids
 import mlxcore_specprefill as plugin
 from mlxcore.cli.main import build_parser
 from mlxcore.cli.options import config_from_args
-from mlxcore.cli.runtime import Runtime
 from mlxcore.config import ServerConfig
 from mlxcore.engine.events import FinishEvent, TokenEvent
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.errors import UsageError
 from mlxcore.hooks import PluginHooks
 from mlxcore.plugins import PluginSelection, create_plugin_manager, load_plugins
+from mlxcore.runtime import Runtime
 from mlxcore.testing import make_runtime as make_test_runtime
 from mlxcore_specprefill.sequential import SequentialStack
 

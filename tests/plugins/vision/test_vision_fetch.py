@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from mlxcore.server.errors import APIError
+from mlxcore.errors import MediaError
 from mlxcore_vision.fetch import FetchError, fetch_media, is_public
 from mlxcore_vision.media import MediaPolicy, VisionMedia
 
@@ -410,10 +410,10 @@ def test_vision_media_turns_fetch_errors_into_400s(serve: Any) -> None:
     allowed = MediaPolicy(allowed_domains=("localhost",), allow_private=True)
     handler = VisionMedia("qwen2_vl", None, None, allowed)
     assert handler.fetch(f"http://localhost:{origin.port}/image.png", "m[0]") == PNG
-    with pytest.raises(APIError, match="could not fetch the media: HTTP 404") as err:
+    with pytest.raises(MediaError, match="could not fetch the media: HTTP 404") as err:
         handler.fetch(f"http://localhost:{origin.port}/missing.png", "m[0]")
-    assert err.value.param == "m[0].image_url"
+    assert err.value.field == "m[0].image_url"
     strict = VisionMedia("qwen2_vl", None, None, MediaPolicy(allowed_domains=("localhost",)))
-    with pytest.raises(APIError, match="non-public address"):
+    with pytest.raises(MediaError, match="non-public address"):
         strict.fetch(f"http://localhost:{origin.port}/image.png", "m[0]")
     assert len(origin.requests) == 2

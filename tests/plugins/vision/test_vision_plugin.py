@@ -11,21 +11,27 @@ import mlx.core as mx
 import pytest
 from vision_helpers import Reference, data_uri, make_video, noise_image, video_uri
 
-from mlxcore.builtin.openai.convert import normalize_chat, normalize_messages
+from mlxcore.builtin.openai.convert import normalize_chat
 from mlxcore.builtin.openai.schemas import Message
-from mlxcore.cli.runtime import Runtime, build_runtime
 from mlxcore.config import ServerConfig
 from mlxcore.engine.events import FinishEvent, TokenEvent
 from mlxcore.engine.request import GenerationRequest
+from mlxcore.errors import MediaError
 from mlxcore.hooks import PluginHooks
 from mlxcore.media import MediaPart
 from mlxcore.models import resolve_model
 from mlxcore.plugins import PluginSelection, create_plugin_manager, load_plugins
+from mlxcore.runtime import Runtime, build_runtime
 from mlxcore.server.errors import APIError
 from mlxcore.testing.runtime import make_runtime, submit_together
 from mlxcore_vision.loader import VisionLanguageText
 from mlxcore_vision.media import MediaPolicy, VisionMedia, VisionPayload
 from mlxcore_vision.testing import build_test_vlm
+
+
+def normalize_text_chat(messages: list[Message]) -> list[dict[str, Any]]:
+    """The template messages for a text-only model (no media handler)."""
+    return normalize_chat(messages, None)[0]
 
 
 def _hooks(**options: Any) -> tuple[PluginHooks, ServerConfig]:
@@ -138,7 +144,7 @@ def test_content_parts_become_placeholders_and_media_parts() -> None:
     assert err.value.param == "messages[0].content[0]"
     # a text-only model still refuses the image part, naming it
     with pytest.raises(APIError) as err:
-        normalize_messages(messages)
+        normalize_text_chat(messages)
     assert err.value.param == "messages[1].content[0].type"
 
 
@@ -156,17 +162,17 @@ def test_media_policy_from_flags(tmp_path: Path) -> None:
     assert policy.max_image_pixels == 100 and not policy.allow_private
     handler = VisionMedia("qwen2_vl", None, None, policy)
     outside = tmp_path.parent / "elsewhere.png"
-    with pytest.raises(APIError, match="outside"):
+    with pytest.raises(MediaError, match="outside"):
         handler.fetch(str(tmp_path / ".." / "elsewhere.png"), "p")
-    with pytest.raises(APIError, match="not allowed"):
+    with pytest.raises(MediaError, match="not allowed"):
         handler.fetch("https://example.org/a.png", "p")
-    with pytest.raises(APIError, match="only base64"):
+    with pytest.raises(MediaError, match="only base64"):
         handler.fetch("data:image/png,rawdata", "p")
     # an allowed host that resolves to a loopback address is still refused by default
     local = VisionMedia("qwen2_vl", None, None, MediaPolicy(allowed_domains=("localhost",)))
-    with pytest.raises(APIError, match="non-public address") as err:
+    with pytest.raises(MediaError, match="non-public address") as err:
         local.fetch("http://localhost:1/picture.png", "messages[0].content[0]")
-    assert err.value.param == "messages[0].content[0].image_url"
+    assert err.value.field == "messages[0].content[0].image_url"
     assert not outside.exists()
 
 

@@ -17,13 +17,13 @@ from typing import Any
 
 import attrs
 
-from mlxcore.cli.runtime import Runtime, build_runtime
 from mlxcore.config import ServerConfig
 from mlxcore.engine.events import FinishEvent, TokenEvent
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.hooks import PluginHooks
 from mlxcore.plugins import PluginSelection, create_plugin_manager, load_plugins
 from mlxcore.prompts import render_chat
+from mlxcore.runtime import Runtime, build_runtime
 
 TOOL_NAMES = ("read_file", "write_file", "grep", "list_dir", "run_tests", "edit_file")
 TOOLS: list[dict[str, Any]] = [
@@ -162,7 +162,7 @@ def add_agent_options(parser: Any) -> None:
 
 def main_agent(args: Any) -> int:
     """Run the agent-session replay on the command's model; print a table or JSON."""
-    from mlxcore.cli.runtime import resolve_model_path
+    from mlxcore.runtime import resolve_model_path
 
     model = str(resolve_model_path(args.model)[1].path)
     result = run_agent_session(

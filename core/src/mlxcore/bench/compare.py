@@ -233,7 +233,7 @@ def _round(value: float | None) -> float | None:
 
 def run_compare(settings: BenchSettings, compare: CompareSettings) -> dict[str, Any]:
     """Start the server with ``settings.serve_args`` and measure the feature on vs off."""
-    from mlxcore.cli.runtime import resolve_model_path
+    from mlxcore.runtime import resolve_model_path
 
     started = time.perf_counter()
     load_start = report.load_average()

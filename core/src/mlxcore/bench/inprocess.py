@@ -32,8 +32,8 @@ class LoadedBaseline:
 
 def load_baseline(model_arg: str | None) -> LoadedBaseline:
     """Resolve and load ``model_arg`` (None: the embedded default) in this process."""
-    from mlxcore.cli.runtime import resolve_model_path
     from mlxcore.models.loader import load_model
+    from mlxcore.runtime import resolve_model_path
 
     source, resolved = resolve_model_path(model_arg)
     loaded = load_model(resolved)

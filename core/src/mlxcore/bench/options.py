@@ -13,6 +13,7 @@ from pathlib import Path
 import attrs
 
 from mlxcore.cli import options as cli_options
+from mlxcore.settings import positive_int
 
 
 @attrs.frozen
@@ -86,16 +87,6 @@ def _concurrency_list(text: str) -> tuple[int, ...]:
     return values
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
 def add_bench_options(parser: argparse.ArgumentParser) -> None:
     """The flags only ``mlxcore bench`` takes (the model flags come from the CLI's options)."""
     group = parser.add_argument_group("bench")
@@ -109,10 +100,10 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
         "--output", type=Path, default=None, metavar="FILE", help="also write the JSON here"
     )
     group.add_argument(
-        "--max-tokens", type=_positive, default=None, help="tokens per decode request (256)"
+        "--max-tokens", type=positive_int, default=None, help="tokens per decode request (256)"
     )
     group.add_argument(
-        "--repeats", type=_positive, default=None, help="runs per measurement, median (3)"
+        "--repeats", type=positive_int, default=None, help="runs per measurement, median (3)"
     )
     group.add_argument(
         "--concurrency",
@@ -123,13 +114,13 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--prefix-tokens",
-        type=_positive,
+        type=positive_int,
         default=None,
         help="tokens of the shared system prompt in the prefix-cache measurement (4000)",
     )
     group.add_argument(
         "--followup-max-tokens",
-        type=_positive,
+        type=positive_int,
         default=8,
         help="tokens per prefix-cache request (only the TTFT is measured)",
     )

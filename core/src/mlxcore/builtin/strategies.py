@@ -138,13 +138,13 @@ class LRUPrefixCache(CacheStrategy):
         self.max_tokens, max_bytes = parse_cache_size(size)
         if self.max_tokens is not None:
             max_bytes = self.max_tokens * kv_bytes_per_token(model) if self.max_tokens else 0
-        self.store_ = LRUPromptCache(max_size=self.max_entries, max_bytes=max_bytes or 0)
+        self.lru = LRUPromptCache(max_size=self.max_entries, max_bytes=max_bytes or 0)
         self._hits = self._misses = self._reused = 0
 
     @property
     def enabled(self) -> bool:
         """False when the configured size is zero."""
-        return self.max_tokens != 0 and self.store_.max_bytes > 0
+        return self.max_tokens != 0 and self.lru.max_bytes > 0
 
     def lookup(self, tokens: Sequence[int]) -> CacheLookup:
         if self.enabled and len(tokens) > 1:
@@ -158,7 +158,7 @@ class LRUPrefixCache(CacheStrategy):
 
     def _nearest(self, tokens: list[int]) -> tuple[LayerCache | None, int]:
         """The nearest stored cache and how many of ``tokens`` it holds (< len(tokens))."""
-        cache, rest = self.store_.fetch_nearest_cache(self.KEY, tokens)
+        cache, rest = self.lru.fetch_nearest_cache(self.KEY, tokens)
         if cache is None:
             return None, 0
         if rest:
@@ -167,7 +167,7 @@ class LRUPrefixCache(CacheStrategy):
         if can_trim_prompt_cache(cache):
             trim_prompt_cache(cache, 1)
             return cache, len(tokens) - 1
-        cache, rest = self.store_.fetch_nearest_cache(self.KEY, tokens[:-1])
+        cache, rest = self.lru.fetch_nearest_cache(self.KEY, tokens[:-1])
         if cache is None:
             return None, 0
         return cache, len(tokens) - 1 - len(rest)
@@ -175,22 +175,22 @@ class LRUPrefixCache(CacheStrategy):
     def store(self, tokens: Sequence[int], cache: LayerCache) -> None:
         if not self.enabled or not tokens or not cache:
             return
-        self.store_.insert_cache(self.KEY, list(tokens), compact_cache(cache))
+        self.lru.insert_cache(self.KEY, list(tokens), compact_cache(cache))
 
     def clear(self) -> None:
-        self.store_.trim_to(n_sequences=0)
+        self.lru.trim_to(n_sequences=0)
 
     def evict(self, nbytes: int) -> None:
-        self.store_.trim_to(n_bytes=self.store_.nbytes - nbytes)
+        self.lru.trim_to(n_bytes=self.lru.nbytes - nbytes)
 
     def stats(self) -> CacheStats:
         return CacheStats(
             hits=self._hits,
             misses=self._misses,
             reused_tokens=self._reused,
-            entries=len(self.store_),
-            nbytes=self.store_.nbytes,
-            capacity_bytes=self.store_.max_bytes,
+            entries=len(self.lru),
+            nbytes=self.lru.nbytes,
+            capacity_bytes=self.lru.max_bytes,
         )
 
 

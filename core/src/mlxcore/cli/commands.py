@@ -9,7 +9,6 @@ import time
 
 import pluggy
 
-from mlxcore.cli.runtime import build_runtime
 from mlxcore.config import ServerConfig
 from mlxcore.engine.events import FinishEvent, TokenEvent
 from mlxcore.engine.request import GenerationRequest, SamplingParams
@@ -18,6 +17,7 @@ from mlxcore.hooks import PluginHooks
 from mlxcore.output import OutputDelta
 from mlxcore.plugins import plugin_statuses
 from mlxcore.prompts import render_chat_prompt
+from mlxcore.runtime import build_runtime
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +73,6 @@ def generate(args: argparse.Namespace, config: ServerConfig, hooks: PluginHooks)
             if isinstance(event, TokenEvent):
                 first_at = first_at or time.perf_counter()
                 _show(pipeline.push(event.tokens))
-                if pipeline.stop_matched:
-                    break
             else:
                 finish = event
                 _show(pipeline.finish(event.reason))

@@ -317,7 +317,6 @@ class Engine:
 
     @staticmethod
     def _end(handle: RequestHandle, reason: str, code: str | None = None, error: str = "") -> None:
-        handle.finished.set()
         usage = Usage(len(handle.request.prompt_tokens))
         send(handle, FinishEvent(reason, usage, error or None, code))
 

@@ -79,20 +79,27 @@ class RequestHandle:
         self.queued_at = time.monotonic()
         self._cancel_reason: str | None = None
         self._lock = threading.Lock()
-        self.finished = threading.Event()
 
-    def cancel(self, reason: str = "cancelled") -> None:
-        """Ask the engine to stop this request at its next step (thread-safe).
+    def cancel(self) -> None:
+        """Abandon this request at the engine's next step (thread-safe): the client
+        went away, or its front end failed. It finishes as ``cancelled``."""
+        self.end_early("cancelled")
 
-        ``reason`` becomes the finish reason (``stop`` when a stop string matched,
-        ``cancelled`` when the client went away).
-        """
+    def stop(self) -> None:
+        """End this request normally at the engine's next step (thread-safe): the
+        output is complete (a stop string matched). It finishes as ``stop``."""
+        self.end_early("stop")
+
+    def end_early(self, reason: str) -> None:
+        """Mark the request as over with ``reason`` (the first reason given wins);
+        the engine finishes it at its next step."""
         with self._lock:
             if self._cancel_reason is None:
                 self._cancel_reason = reason
 
     @property
     def cancel_reason(self) -> str | None:
-        """The reason given to :meth:`cancel`, or ``None``."""
+        """Why the request was ended early (:meth:`cancel`, :meth:`stop`,
+        :meth:`end_early`), or ``None``."""
         with self._lock:
             return self._cancel_reason

@@ -99,7 +99,7 @@ def send(handle: RequestHandle, event: Event) -> None:
         handle.sink(event)
     except Exception:
         log.exception("event sink of request %s failed; cancelling it", handle.uid)
-        handle.cancel("cancelled")
+        handle.cancel()
 
 
 class BatchLoop:
@@ -335,7 +335,7 @@ class BatchLoop:
         live.usage.completion_tokens = live.generated
         self.send(live.handle, TokenEvent(kept))
         if reason is not None:
-            live.handle.cancel(reason)
+            live.handle.end_early(reason)
             return True
         return False
 
@@ -366,7 +366,6 @@ class BatchLoop:
         self.live.pop(live.handle.uid, None)
         if live.seq is not None:
             live.usage.extra.update(live.seq.usage)
-        live.handle.finished.set()
         self.send(live.handle, FinishEvent(reason, live.usage, error, code))
 
     def fail(self, live: AdmittedRequest, exc: BaseException) -> None:

@@ -64,7 +64,6 @@ class CacheStats:
     misses: int = 0
     reused_tokens: int = 0
     entries: int = 0
-    stored_tokens: int = 0
     nbytes: int = 0
     capacity_bytes: int = 0
     """The most bytes the strategy keeps (0: not bounded in bytes, or unknown)."""

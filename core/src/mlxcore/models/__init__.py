@@ -13,21 +13,12 @@ Heavy libraries (mlx-lm, transformers) are imported only when a function needs t
 
 from __future__ import annotations
 
-from mlxcore.errors import MlxcoreError
-
-
-class ModelLoadError(MlxcoreError):
-    """A model could not be found, converted or loaded; the message names the path or repo."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-
-from mlxcore.models.default import ensure_default_model  # noqa: E402
-from mlxcore.models.gguf import convert_gguf  # noqa: E402
-from mlxcore.models.loader import LoadedModel, load_model, read_weight_keys  # noqa: E402
-from mlxcore.models.resolve import (  # noqa: E402
+from mlxcore.errors import ModelLoadError
+from mlxcore.models.default import ensure_default_model
+from mlxcore.models.folder import read_weight_keys
+from mlxcore.models.gguf import convert_gguf
+from mlxcore.models.loader import LoadedModel, load_model
+from mlxcore.models.resolve import (
     ResolvedModel,
     default_models_dir,
     mlxcore_home,

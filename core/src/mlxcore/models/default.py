@@ -33,7 +33,7 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from mlxcore.models import ModelLoadError
+from mlxcore.errors import ModelLoadError
 from mlxcore.models.resolve import convert_to_cache, default_models_dir
 
 logger = logging.getLogger(__name__)

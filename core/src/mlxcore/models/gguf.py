@@ -18,8 +18,8 @@ from typing import Any
 
 import mlx.core as mx
 
-from mlxcore.models import ModelLoadError
-from mlxcore.models.resolve import check_gguf_file
+from mlxcore.errors import ModelLoadError
+from mlxcore.models.gguf_header import check_gguf_file
 
 logger = logging.getLogger(__name__)
 

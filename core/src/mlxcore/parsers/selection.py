@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import attrs
 
 from mlxcore.errors import UsageError
-from mlxcore.hooks import PluginHooks
 from mlxcore.model_info import ModelInfo
 from mlxcore.parsers.base import ReasoningParser, ToolParser
 from mlxcore.registry import Registry
@@ -34,6 +33,18 @@ def _select(registry: Registry[type[P]], wanted: str, info: ModelInfo, flag: str
     return None
 
 
+class ParserSource(Protocol):
+    """Where parser classes come from (:class:`mlxcore.hooks.PluginHooks` in the server)."""
+
+    def tool_parsers(self) -> Registry[type[ToolParser]]:
+        """Every tool parser class, by name."""
+        ...
+
+    def reasoning_parsers(self) -> Registry[type[ReasoningParser]]:
+        """Every reasoning parser class, by name."""
+        ...
+
+
 @attrs.frozen
 class Parsers:
     """The parser classes chosen for the served model (``None``: pass text through)."""
@@ -42,7 +53,7 @@ class Parsers:
     reasoning: type[ReasoningParser] | None
 
     @classmethod
-    def select(cls, hooks: PluginHooks, info: ModelInfo, tool: str, reasoning: str) -> Parsers:
+    def select(cls, hooks: ParserSource, info: ModelInfo, tool: str, reasoning: str) -> Parsers:
         """Pick by name, or by ``matches(info)`` for ``auto``; refuse unknown names."""
         chosen = cls(
             tool=_select(hooks.tool_parsers(), tool, info, "--tool-call-parser"),

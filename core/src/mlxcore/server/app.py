@@ -19,18 +19,16 @@ from typing import Any
 
 from litestar import Litestar, Request, Response, Router, get, head
 from litestar.config.cors import CORSConfig
-from litestar.handlers import HTTPRouteHandler
 
 from mlxcore import structured
-from mlxcore.cli.runtime import Runtime
-from mlxcore.errors import PluginError
 from mlxcore.hooks import PluginHooks
+from mlxcore.routes import RouteTable, http_routes
+from mlxcore.runtime import Runtime
 from mlxcore.server.errors import APIError, api_error_handler
+from mlxcore.server.frontend import served_names
 from mlxcore.server.metrics import Metrics, engine_gauges, memory_gauges
 from mlxcore.server.openapi import docs_page, openapi_document
-from mlxcore.server.openapi import http_routes as openapi_routes
 from mlxcore.server.protocol import header_timeout_protocol
-from mlxcore.server.requests import served_names
 from mlxcore.server.service import GenerationService
 
 log = logging.getLogger(__name__)
@@ -115,30 +113,12 @@ def _auth_hook(api_key: str | None) -> Any:
     return check
 
 
-def _check_unique_paths(handlers: list[Any]) -> None:
-    seen: dict[tuple[str, str], str] = {}
-    for handler in handlers:
-        if not isinstance(handler, HTTPRouteHandler):
-            continue
-        for path in handler.paths:
-            for method in handler.http_methods:
-                key = (method, path)
-                name = f"{handler.handler_name}"
-                if key in seen:
-                    raise PluginError(
-                        "routes",
-                        f"{method} {path} is registered twice: by {seen[key]} and by {name}",
-                        hook="mlxcore_routes",
-                    )
-                seen[key] = name
-
-
 def _error_handlers_by_path(handlers: list[Any]) -> dict[str, Any]:
     """Full path -> the exception handler of the router that serves it."""
     found: dict[str, Any] = {}
     for handler in handlers:
         if isinstance(handler, Router) and Exception in (handler.exception_handlers or {}):
-            for _, path, _ in openapi_routes([handler]):
+            for _, path, _ in http_routes([handler]):
                 found[path] = handler.exception_handlers[Exception]
     return found
 
@@ -147,8 +127,9 @@ def create_app(runtime: Runtime, hooks: PluginHooks) -> Litestar:
     """Build the app around a runtime (the engine is started and stopped with the app)."""
     config = runtime.config
     service = GenerationService(runtime, Metrics(lambda: engine_gauges(runtime.engine)))
-    routes = [health, health_head, metrics, *hooks.routes(config)]
-    _check_unique_paths(routes)
+    core = RouteTable()
+    core.add("mlxcore", [health, health_head, metrics])
+    routes = hooks.routes(config, core).handlers
     document = openapi_document(routes)
     page = docs_page(document)
 

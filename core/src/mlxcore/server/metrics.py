@@ -15,7 +15,7 @@ from mlxcore.engine.events import FinishEvent
 PREFIX = "mlxcore"
 
 
-class _Live(Collector):
+class _GaugeReader(Collector):
     """Gauges read at scrape time: engine load, memory, cache and decoder stats."""
 
     def __init__(self, sample: Callable[[], dict[str, float]]) -> None:
@@ -48,7 +48,7 @@ class Metrics:
         self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds", "TTFT", registry=r)
         self.latency = Histogram(f"{PREFIX}_request_seconds", "request duration", registry=r)
         if live is not None:
-            r.register(_Live(live))
+            r.register(_GaugeReader(live))
 
     def record_finish(self, event: FinishEvent, seconds: float) -> None:
         """Account for one finished request."""

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
-from litestar import Router
-from litestar.handlers import HTTPRouteHandler
 
 import mlxcore
+from mlxcore.routes import http_routes
 
 BODY_OPTION = "body"
 """Handler ``opt`` key naming the msgspec struct a route decodes its JSON body into."""
@@ -44,23 +43,9 @@ ERROR_SCHEMA: dict[str, Any] = {
 }
 
 
-def http_routes(handlers: Iterable[Any]) -> Iterator[tuple[str, str, Any]]:
-    """``(method, path, handler)`` for every HTTP route, routers included."""
-    for handler in handlers:
-        if isinstance(handler, Router):
-            for route in handler.routes:
-                for inner in getattr(route, "route_handlers", ()):
-                    for method in sorted(inner.http_methods):
-                        yield method, route.path, inner
-        elif isinstance(handler, HTTPRouteHandler):
-            for path in handler.paths:
-                for method in sorted(handler.http_methods):
-                    yield method, path, handler
-
-
 def openapi_document(handlers: Iterable[Any], title: str = "mlxcore") -> dict[str, Any]:
     """The OpenAPI 3.1 document for ``handlers``."""
-    routes = [r for r in http_routes(handlers) if r[0] not in ("HEAD", "OPTIONS")]
+    routes = [r for r in http_routes(handlers) if r[0] != "HEAD"]
     bodies = {h.opt.get(BODY_OPTION) for _, _, h in routes} - {None}
     order = sorted(bodies, key=lambda t: t.__name__)
     schemas, components = msgspec.json.schema_components(

@@ -19,7 +19,6 @@ from typing import Any, TypeVar
 import attrs
 
 from mlxcore import structured
-from mlxcore.cli.runtime import Runtime
 from mlxcore.engine.engine import EngineOverloaded, EngineUnavailable
 from mlxcore.engine.events import (
     OVERLOADED,
@@ -32,8 +31,10 @@ from mlxcore.engine.events import (
 )
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.validation import RequestRejected, check_request, check_stops
+from mlxcore.errors import MediaError
 from mlxcore.output import OutputDelta, OutputPipeline
 from mlxcore.prompts import RenderedPrompt, render_chat
+from mlxcore.runtime import Runtime
 from mlxcore.server.errors import APIError, invalid, overloaded
 from mlxcore.server.metrics import Metrics
 
@@ -47,7 +48,7 @@ class Generation:
     request: GenerationRequest
     pipeline: OutputPipeline
     usage: Usage = attrs.field(factory=Usage)
-    started: float = attrs.field(factory=time.perf_counter)
+    created_at: float = attrs.field(factory=time.perf_counter)
     first_token_at: float | None = None
     handle: RequestHandle | None = None
 
@@ -84,6 +85,8 @@ class GenerationService:
         self._preparing += 1
         try:
             return await loop.run_in_executor(self._prepare_pool, functools.partial(fn, *args))
+        except MediaError as exc:
+            raise invalid(exc.message, exc.field) from None
         finally:
             self._preparing -= 1
 
@@ -180,20 +183,20 @@ class GenerationService:
         """
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
-        started: asyncio.Future[FinishEvent | None] = loop.create_future()
+        admission: asyncio.Future[FinishEvent | None] = loop.create_future()
 
         def deliver(event: Event) -> None:
             # Accounted here, not by the consumer: a request whose client went away
             # (cancelled) still counts as finished.
             if isinstance(event, FinishEvent):
-                self.metrics.record_finish(event, time.perf_counter() - gen.started)
-                if not started.done():
-                    started.set_result(event)
+                self.metrics.record_finish(event, time.perf_counter() - gen.created_at)
+                if not admission.done():
+                    admission.set_result(event)
             events.put_nowait(event)
 
         def admitted() -> None:
-            if not started.done():
-                started.set_result(None)
+            if not admission.done():
+                admission.set_result(None)
 
         def sink(event: Event) -> None:
             loop.call_soon_threadsafe(deliver, event)
@@ -211,9 +214,9 @@ class GenerationService:
             raise APIError(400, exc.message, param=exc.field, code=exc.code) from None
         gen.handle = handle
         try:
-            early = await started
+            early = await admission
         except BaseException:
-            handle.cancel("cancelled")
+            handle.cancel()
             raise
         if early is not None and early.code in (OVERLOADED, UNAVAILABLE):
             self.metrics.rejected.labels(reason="overloaded").inc()
@@ -256,10 +259,10 @@ class GenerationService:
                 if isinstance(event, TokenEvent):
                     if gen.first_token_at is None:
                         gen.first_token_at = time.perf_counter()
-                        self.metrics.ttft.observe(gen.first_token_at - gen.started)
+                        self.metrics.ttft.observe(gen.first_token_at - gen.created_at)
                     delta = gen.pipeline.push(event.tokens)
                     if gen.pipeline.stop_matched:
-                        handle.cancel("stop")
+                        handle.stop()
                     if delta:
                         yield delta
                     continue
@@ -272,7 +275,7 @@ class GenerationService:
                 return
         finally:
             if not finished:
-                handle.cancel("cancelled")
+                handle.cancel()
 
 
 def _unavailable_message(event: FinishEvent) -> str:
@@ -309,3 +312,39 @@ async def collect(deltas: AsyncIterator[OutputDelta]) -> OutputDelta:
     async for delta in deltas:
         total.extend(delta)
     return total
+
+
+async def merge_streams(
+    streams: list[AsyncIterator[OutputDelta]],
+) -> AsyncIterator[tuple[int, OutputDelta]]:
+    """Interleave several delta streams (the choices of ``n``), tagging each delta with
+    its choice index; the first stream to fail ends the merge with its error."""
+    if len(streams) == 1:
+        async for delta in streams[0]:
+            yield 0, delta
+        return
+    queue: asyncio.Queue[tuple[int, OutputDelta | BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int, stream: AsyncIterator[OutputDelta]) -> None:
+        try:
+            async for delta in stream:
+                await queue.put((index, delta))
+        except BaseException as exc:
+            await queue.put((index, exc))
+            return
+        await queue.put((index, None))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        live = len(tasks)
+        while live:
+            index, item = await queue.get()
+            if item is None:
+                live -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()

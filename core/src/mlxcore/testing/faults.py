@@ -36,6 +36,7 @@ from mlxcore.engine.strategies import (
     SequenceCache,
     StepToken,
 )
+from mlxcore.errors import OptionError
 from mlxcore.model_info import ModelInfo
 
 OPTION = "fault"
@@ -156,4 +157,4 @@ def mlxcore_validate_options(options: dict[str, Any], config: ServerConfig) -> N
         return
     place, _, action = str(value).partition(":")
     if place not in WHERE or action not in WHAT:
-        raise ValueError(OPTION, f"expected WHERE:WHAT with WHERE in {WHERE} and WHAT in {WHAT}")
+        raise OptionError(OPTION, f"expected WHERE:WHAT with WHERE in {WHERE} and WHAT in {WHAT}")

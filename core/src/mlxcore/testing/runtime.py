@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from mlxcore.cli.runtime import Runtime
     from mlxcore.engine.events import FinishEvent
     from mlxcore.engine.request import GenerationRequest
+    from mlxcore.runtime import Runtime
 
 
 def make_runtime(
@@ -23,10 +23,10 @@ def make_runtime(
     configured like ``mlxcore serve`` would be: ``config`` sets :class:`ServerConfig`
     fields, ``plugin_options`` the plugins' own flags. Call ``runtime.engine.shutdown()``
     when done."""
-    from mlxcore.cli.runtime import build_runtime
     from mlxcore.config import ServerConfig
     from mlxcore.hooks import PluginHooks
     from mlxcore.plugins import PluginSelection, create_plugin_manager, load_plugins
+    from mlxcore.runtime import build_runtime
 
     pm = create_plugin_manager()
     load_plugins(pm, PluginSelection(enable=plugins, autoload=False))

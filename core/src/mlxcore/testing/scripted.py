@@ -17,6 +17,7 @@ import mlx.core as mx
 
 from mlxcore import hookimpl
 from mlxcore.engine.request import GenerationRequest
+from mlxcore.errors import OptionError
 from mlxcore.model_info import ModelInfo
 
 OPTION = "test_script"
@@ -41,7 +42,7 @@ class ScriptProcessor:
 def mlxcore_validate_options(options: dict[str, Any]) -> None:
     """``test_script`` must be text."""
     if OPTION in options and not isinstance(options[OPTION], str):
-        raise ValueError(OPTION, "must be a string")
+        raise OptionError(OPTION, "must be a string")
 
 
 @hookimpl

@@ -20,11 +20,14 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import attrs
+
 from mlxcore import hookimpl
 from mlxcore.config import ServerConfig
 from mlxcore.errors import UsageError
 from mlxcore.model_info import ModelInfo
 from mlxcore.parsers import ParsedDelta, ToolCall, ToolParser
+from mlxcore.settings import add_flags, read_settings, setting
 
 MLXCORE_AUTOLOAD = False
 """Not loaded unless named with ``--plugin hello``."""
@@ -143,21 +146,30 @@ def mlxcore_tool_parsers() -> list[type[ToolParser]]:
     return [HelloToolParser]
 
 
-@hookimpl
-def mlxcore_addoption(parser: argparse._ArgumentGroup) -> None:
-    """Add ``--hello-greeting`` (read back as ``config.option("hello_greeting")``)."""
-    parser.add_argument(
-        "--hello-greeting",
-        default="hello",
+@attrs.frozen
+class HelloSettings:
+    """The plugin's settings: each default, type, flag and help written once."""
+
+    hello_greeting: str = setting(
+        "hello",
+        flag="--hello-greeting",
         metavar="TEXT",
         help="what the hello plugin logs at start-up (default: hello)",
     )
 
 
 @hookimpl
+def mlxcore_addoption(parser: argparse._ArgumentGroup) -> None:
+    """Add ``--hello-greeting``, generated from :class:`HelloSettings`."""
+    add_flags(parser, HelloSettings)
+
+
+@hookimpl
 def mlxcore_configure(config: ServerConfig) -> None:
-    """Check the option and log it: the last step of the option flow."""
-    greeting = config.option("hello_greeting", "hello")
-    if not greeting.strip():
+    """Read the settings back typed, check them and log: the last step of the option flow."""
+    settings = read_settings(config, HelloSettings)
+    if not settings.hello_greeting.strip():
         raise UsageError("--hello-greeting must not be empty")
-    log.info("%s from the hello plugin (tool parser %r)", greeting, HelloToolParser.name)
+    log.info(
+        "%s from the hello plugin (tool parser %r)", settings.hello_greeting, HelloToolParser.name
+    )

@@ -5,22 +5,21 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-import attrs
 from litestar import Request, Response, Router, post
 
 from mlxcore import structured
-from mlxcore.engine.request import GenerationRequest
 from mlxcore.media import MediaPart
 from mlxcore.output import OutputDelta
+from mlxcore.server import builder
+from mlxcore.server.builder import ChatPrompt, Constraint, RequestSpec
 from mlxcore.server.errors import APIError, as_api_error, invalid
-from mlxcore.server.requests import (
-    body_extras,
+from mlxcore.server.frontend import (
     check_model,
     decode_body,
+    decode_request,
     served_name,
     service_of,
     unless_disconnected,
-    validated_options,
 )
 from mlxcore.server.service import Generation, GenerationService, collect
 from mlxcore.server.sse import event_stream
@@ -37,25 +36,9 @@ from mlxcore_anthropic.encode import (
 )
 from mlxcore_anthropic.schemas import CountTokensRequest, MessagesRequest
 
-KNOWN_FIELDS = frozenset(MessagesRequest.__struct_fields__)
 
-
-@attrs.frozen
-class _Prompt:
-    """A Messages request's prompt: ids, text, history checkpoints and media payload."""
-
-    ids: list[int]
-    text: str
-    checkpoints: tuple[int, ...]
-    media: Any = None
-    cache_key: tuple[int, ...] | None = None
-
-
-def _prompt(
-    svc: GenerationService,
-    body: MessagesRequest | CountTokensRequest,
-    options: dict[str, Any] | None = None,
-) -> tuple[_Prompt, list[dict[str, Any]] | None]:
+def chat_prompt(svc: GenerationService, body: MessagesRequest | CountTokensRequest) -> ChatPrompt:
+    """The request's messages, system prompt and tools in the chat template's shape."""
     media = svc.runtime.media
     parts: list[MediaPart] = []
     messages = convert.chat_messages(body.messages, convert.system_text(body.system), media, parts)
@@ -67,53 +50,38 @@ def _prompt(
         elif choice not in ("auto", "any", "tool"):
             raise invalid(f"unknown tool_choice type {choice!r}", "tool_choice.type")
     kwargs = {"enable_thinking": body.thinking is not None and body.thinking.type == "enabled"}
-    rendered = svc.chat_prompt(messages, tools, kwargs)
-    if not parts:
-        return _Prompt(rendered.ids, rendered.text, rendered.checkpoints()), tools
-    assert media is not None  # parts are only collected with a handler
-    prepared = media.prepare(rendered.text, parts, options or {})
-    key = None if prepared.cache_key is None else tuple(prepared.cache_key)
-    return _Prompt(prepared.ids, rendered.text, (), prepared.payload, key), tools
+    return ChatPrompt(messages, tools, kwargs, parts)
+
+
+def request_spec(
+    svc: GenerationService, body: MessagesRequest, extras: dict[str, Any]
+) -> RequestSpec:
+    """Describe a Messages request for the shared builder (``extras``: plugin options)."""
+    prompt = chat_prompt(svc, body)
+    return RequestSpec(
+        prompt=prompt,
+        sampling=convert.sampling(body),
+        new_id=new_message_id,
+        max_tokens=body.max_tokens,
+        stops=list(body.stop_sequences or []),
+        stops_field="stop_sequences",
+        extras=extras,
+        constraint=_forced_tool_choice(body, prompt.tools),
+    )
 
 
 def build_generation(
     svc: GenerationService, body: MessagesRequest, extras: dict[str, Any]
 ) -> Generation:
     """Validate a Messages request and prepare its generation."""
-    if body.max_tokens < 1:
-        raise invalid("max_tokens must be at least 1", "max_tokens")
-    reserved = (structured.OPTION, structured.START_AFTER_OPTION)
-    options = validated_options(svc, {k: v for k, v in extras.items() if k not in reserved})
-    prompt, tools = _prompt(svc, body, options)
-    stops = list(body.stop_sequences or [])
-    forced = _forced_tool_choice(body, tools)
-    if forced is not None:
-        options[structured.OPTION] = forced[0]
-        if convert.thinking_enabled(body) and svc.runtime.parsers.reasoning is not None:
-            options[structured.START_AFTER_OPTION] = "</think>"
-    request = GenerationRequest(
-        prompt_tokens=tuple(prompt.ids),
-        checkpoints=prompt.checkpoints,
-        max_tokens=body.max_tokens,
-        sampling=convert.sampling(body),
-        options=options,
-        request_id=new_message_id(),
-        media=prompt.media,
-        cache_key=prompt.cache_key,
-    )
-    svc.validate(request)
-    pipeline = svc.pipeline(
-        stops=stops,
-        stops_field="stop_sequences",
-        tools=tools,
-        prompt_text=prompt.text,
-        tool_parser=forced[1] if forced else None,
-    )
-    return Generation(request, pipeline)
+    (generation,) = builder.build_generations(svc, request_spec(svc, body, extras))
+    return generation
 
 
-def _forced_tool_choice(body: MessagesRequest, tools: list[dict[str, Any]] | None) -> Any:
-    """Constraint and parser for ``tool_choice`` ``any`` / ``tool`` (else ``None``)."""
+def _forced_tool_choice(
+    body: MessagesRequest, tools: list[dict[str, Any]] | None
+) -> Constraint | None:
+    """The constraint and parser for ``tool_choice`` ``any`` / ``tool`` (else ``None``)."""
     choice = body.tool_choice
     if choice is None or choice.type not in ("any", "tool"):
         return None
@@ -123,19 +91,22 @@ def _forced_tool_choice(body: MessagesRequest, tools: list[dict[str, Any]] | Non
             raise invalid("tool_choice of type tool needs a name", "tool_choice.name")
         openai_choice = {"type": "function", "function": {"name": choice.name}}
     try:
-        return structured.tool_choice_constraint(
+        forced = structured.tool_choice_constraint(
             tools, openai_choice, parallel=not choice.disable_parallel_tool_use
         )
     except structured.ConstraintError as exc:
         raise invalid(str(exc), "tool_choice") from None
+    if forced is None:
+        return None
+    value, parser = forced
+    return Constraint(value, lambda: parser)
 
 
 @post("/messages", status_code=200, opt={"body": MessagesRequest})
 async def messages(request: Request[Any, Any, Any]) -> Any:
     """Anthropic Messages."""
     svc = service_of(request)
-    body = await decode_body(request, MessagesRequest)
-    extras = await body_extras(request, KNOWN_FIELDS)
+    body, extras = await decode_request(request, MessagesRequest)
     check_model(svc, body.model)
     gen = await svc.prepare(build_generation, svc, body, extras)
     deltas = await unless_disconnected(request, svc.start(gen))
@@ -194,8 +165,8 @@ async def count_tokens(request: Request[Any, Any, Any]) -> dict[str, int]:
     svc = service_of(request)
     body = await decode_body(request, CountTokensRequest)
     check_model(svc, body.model)
-    rendered, _ = await svc.prepare(_prompt, svc, body)
-    return {"input_tokens": len(rendered.ids)}
+    prompt = await svc.prepare(lambda: builder.prepare_prompt(svc, chat_prompt(svc, body), {}))
+    return {"input_tokens": len(prompt.ids)}
 
 
 def anthropic_errors(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:

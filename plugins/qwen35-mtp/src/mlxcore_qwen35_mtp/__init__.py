@@ -11,12 +11,15 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import attrs
+
 from mlxcore import hookimpl
 from mlxcore.config import ServerConfig
 from mlxcore.engine.strategies import Decoder
-from mlxcore.errors import UsageError
+from mlxcore.errors import OptionError, UsageError
 from mlxcore.hookspecs import OptionGroup
 from mlxcore.model_info import ModelInfo
+from mlxcore.settings import add_flags, positive_int, read_settings, setting
 
 MLXCORE_AUTOLOAD = False
 """Not loaded unless named with `--plugin qwen35-mtp` (or its `mtp` command is run)."""
@@ -30,28 +33,28 @@ ATTR = "mlxcore_mtp"
 log = logging.getLogger(__name__)
 
 
+@attrs.frozen
+class MTPSettings:
+    """The decoder's settings; each default is stated here only."""
+
+    num_speculative_tokens: int = setting(
+        1, flag="--num-speculative-tokens", type=positive_int, metavar="N",
+        help="MTP drafts per step (default %(default)s)",
+    )  # fmt: skip
+    speculative_disable_by_batch_size: int = setting(
+        4, flag="--speculative-disable-by-batch-size", type=positive_int, metavar="N",
+        help="decode plainly while more sequences than this run (default %(default)s)",
+    )  # fmt: skip
+    mtp_auto_off: bool = setting(
+        True, flag="--no-mtp-auto-off", action="store_false",
+        help="keep speculating even when it measures slower than plain decoding",
+    )  # fmt: skip
+
+
 @hookimpl
 def mlxcore_addoption(parser: OptionGroup) -> None:
     """The decoder options: drafts per step, batch-size limit, the off-switch."""
-    parser.add_argument(
-        "--num-speculative-tokens",
-        type=int,
-        default=1,
-        help="MTP drafts per step (default 1)",
-    )
-    parser.add_argument(
-        "--speculative-disable-by-batch-size",
-        type=int,
-        default=4,
-        help="decode plainly while more sequences than this run (default 4)",
-    )
-    parser.add_argument(
-        "--no-mtp-auto-off",
-        dest="mtp_auto_off",
-        action="store_false",
-        default=True,
-        help="keep speculating even when it measures slower than plain decoding",
-    )
+    add_flags(parser, MTPSettings)
 
 
 @hookimpl
@@ -64,11 +67,12 @@ def mlxcore_add_commands(subparsers: Any) -> None:
 
 @hookimpl
 def mlxcore_configure(config: ServerConfig) -> None:
-    """Check the option values."""
-    if int(config.option("num_speculative_tokens", 1)) < 1:
-        raise UsageError("--num-speculative-tokens must be >= 1")
-    if int(config.option("speculative_disable_by_batch_size", 4)) < 1:
-        raise UsageError("--speculative-disable-by-batch-size must be >= 1")
+    """Check the option values (also when set without the command line)."""
+    settings = read_settings(config, MTPSettings)
+    for field in ("num_speculative_tokens", "speculative_disable_by_batch_size"):
+        value = getattr(settings, field)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UsageError(f"--{field.replace('_', '-')} must be an integer >= 1, got {value!r}")
 
 
 @hookimpl
@@ -96,12 +100,13 @@ def mlxcore_decoder(model: Any, info: ModelInfo, config: ServerConfig) -> Decode
         return None
     from mlxcore_qwen35_mtp.decoder import MTPDecoder
 
+    settings = read_settings(config, MTPSettings)
     return MTPDecoder(
         model,
         head,
-        num_speculative_tokens=int(config.option("num_speculative_tokens", 1)),
-        disable_by_batch_size=int(config.option("speculative_disable_by_batch_size", 4)),
-        auto_off=bool(config.option("mtp_auto_off", True)),
+        num_speculative_tokens=settings.num_speculative_tokens,
+        disable_by_batch_size=settings.speculative_disable_by_batch_size,
+        auto_off=settings.mtp_auto_off,
     )
 
 
@@ -110,4 +115,4 @@ def mlxcore_validate_options(options: dict[str, Any], config: ServerConfig) -> N
     """``"speculative"`` must be a boolean."""
     value = options.get("speculative")
     if value is not None and not isinstance(value, bool):
-        raise ValueError("speculative", "must be true or false")
+        raise OptionError("speculative", "must be true or false")

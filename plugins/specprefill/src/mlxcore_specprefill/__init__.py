@@ -20,7 +20,7 @@ from typing import Any
 from mlxcore import hookimpl
 from mlxcore.config import ServerConfig
 from mlxcore.engine.strategies import PrefillStrategy
-from mlxcore.errors import UsageError
+from mlxcore.errors import OptionError, UsageError
 from mlxcore.model_info import ModelInfo
 from mlxcore_specprefill.options import FLAGS, add_options, request_settings, server_settings
 from mlxcore_specprefill.sequential import detect_target, probe_target
@@ -46,11 +46,11 @@ def mlxcore_configure(config: ServerConfig) -> None:
     """Check the flags: valid values, and a draft model when enabled."""
     try:
         settings = server_settings(config)
-    except ValueError as exc:
-        field, message = exc.args
+    except OptionError as exc:
+        field, message = exc.field, exc.message
         flag = FLAGS.get(str(field).rsplit(".", 1)[-1], str(field))
         raise UsageError(f"{flag}: {message}") from exc
-    if settings.enabled and not config.option("specprefill_draft_model"):
+    if settings.enabled and not settings.draft_model:
         raise UsageError(
             "plugin 'specprefill' needs --specprefill-draft-model PATH (a small model with "
             "the target's tokenizer), or --no-specprefill-enabled"
@@ -102,4 +102,4 @@ def mlxcore_validate_options(options: dict[str, Any], config: ServerConfig) -> N
     """Check the request's ``"specprefill"`` field (400 naming the bad sub-field)."""
     settings = request_settings(server_settings(config), options)
     if settings.enabled and not config.option("specprefill_draft_model"):
-        raise ValueError("specprefill.enabled", "this server has no SpecPrefill draft model")
+        raise OptionError("specprefill.enabled", "this server has no SpecPrefill draft model")

@@ -3,7 +3,7 @@
 Server flags (``mlxcore_addoption``) set the defaults; a request may override them
 with a body field ``"specprefill": {"enabled": ..., "keep": ..., "threshold": ...,
 "chunk": ...}`` (or ``"specprefill": false`` / ``true`` as a shorthand for
-``enabled``). Bad values raise ``ValueError("specprefill.<field>", message)``.
+``enabled``). Bad values raise ``OptionError("specprefill.<field>", message)``.
 """
 
 from __future__ import annotations
@@ -15,23 +15,23 @@ from typing import Any
 import attrs
 
 from mlxcore.config import ServerConfig
+from mlxcore.errors import OptionError
+from mlxcore.settings import add_flags, flag_of, read_settings, setting
 
 FIELD = "specprefill"
 """The request-body field holding per-request overrides."""
 
-DEFAULT_THRESHOLD = 8192
-DEFAULT_KEEP = 0.2
-DEFAULT_CHUNK = 32
-DEFAULT_LOOKAHEAD = 8
-DEFAULT_DECODE = 8
-DEFAULT_TAIL = 64
+PREFIX = "specprefill_"
+"""Before each field name in the parsed options (``--specprefill-keep`` -> ``specprefill_keep``)."""
 
 
 @attrs.frozen
 class Settings:
-    """The effective SpecPrefill settings for one request.
+    """The effective SpecPrefill settings for one request; the fields with a flag are
+    the server-wide defaults, and (except the draft model) what a request may override.
 
     Attributes:
+        draft_model: the draft model's path (server-wide only).
         enabled: apply sparse prefill at all.
         threshold: uncached prompt tokens below which it never applies.
         keep: fraction of the uncached prompt tokens to prefill, in (0, 1].
@@ -42,73 +42,50 @@ class Settings:
         tail: the last prompt tokens always kept (rounded up to whole chunks).
     """
 
-    enabled: bool = True
-    threshold: int = DEFAULT_THRESHOLD
-    keep: float = DEFAULT_KEEP
-    chunk: int = DEFAULT_CHUNK
-    lookahead: int = DEFAULT_LOOKAHEAD
-    decode: int = DEFAULT_DECODE
-    tail: int = DEFAULT_TAIL
+    draft_model: str | None = setting(
+        None, flag="--specprefill-draft-model", metavar="PATH",
+        help="draft model sharing the target's tokenizer, used to score prompt tokens "
+        "(required unless --no-specprefill-enabled)",
+    )  # fmt: skip
+    enabled: bool = setting(
+        True, flag="--specprefill-enabled", action=argparse.BooleanOptionalAction,
+        help='apply SpecPrefill by default (requests can override with "specprefill": '
+        '{"enabled": ...})',
+    )  # fmt: skip
+    threshold: int = setting(
+        8192, flag="--specprefill-threshold", type=int, metavar="TOKENS",
+        help="uncached prompt tokens below which it never applies (default %(default)s)",
+    )  # fmt: skip
+    keep: float = setting(
+        0.2, flag="--specprefill-keep", type=float, metavar="FRACTION",
+        help="fraction of prompt tokens to prefill, in (0, 1] (default %(default)s)",
+    )  # fmt: skip
+    chunk: int = setting(
+        32, flag="--specprefill-chunk", type=int, metavar="TOKENS",
+        help="selection chunk size in tokens (default %(default)s)",
+    )  # fmt: skip
+    lookahead: int = 8
+    decode: int = 8
+    tail: int = 64
 
 
 def add_options(parser: Any) -> None:
-    """The plugin's command-line flags."""
-    parser.add_argument(
-        "--specprefill-draft-model",
-        metavar="PATH",
-        default=None,
-        help="draft model sharing the target's tokenizer, used to score prompt tokens "
-        "(required unless --no-specprefill-enabled)",
-    )
-    parser.add_argument(
-        "--specprefill-enabled",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="apply SpecPrefill by default (requests can override with "
-        '"specprefill": {"enabled": ...})',
-    )
-    parser.add_argument(
-        "--specprefill-threshold",
-        type=int,
-        default=DEFAULT_THRESHOLD,
-        metavar="TOKENS",
-        help=f"uncached prompt tokens below which it never applies (default {DEFAULT_THRESHOLD})",
-    )
-    parser.add_argument(
-        "--specprefill-keep",
-        type=float,
-        default=DEFAULT_KEEP,
-        metavar="FRACTION",
-        help=f"fraction of prompt tokens to prefill, in (0, 1] (default {DEFAULT_KEEP})",
-    )
-    parser.add_argument(
-        "--specprefill-chunk",
-        type=int,
-        default=DEFAULT_CHUNK,
-        metavar="TOKENS",
-        help=f"selection chunk size in tokens (default {DEFAULT_CHUNK})",
-    )
+    """The plugin's command-line flags, generated from :class:`Settings`."""
+    add_flags(parser, Settings, prefix=PREFIX)
 
 
 FLAGS = {
-    "enabled": "--specprefill-enabled",
-    "threshold": "--specprefill-threshold",
-    "keep": "--specprefill-keep",
-    "chunk": "--specprefill-chunk",
+    field.name: flag.name
+    for field in attrs.fields(Settings)
+    if (flag := flag_of(field)) is not None and field.name != "draft_model"
 }
+"""The fields a request may override, with the flag that sets their server default."""
 
 
 def server_settings(config: ServerConfig) -> Settings:
-    """The server-wide defaults from the parsed flags (raises ``ValueError`` when bad)."""
-    return _validated(
-        Settings(),
-        {
-            "enabled": config.option("specprefill_enabled", True),
-            "threshold": config.option("specprefill_threshold", DEFAULT_THRESHOLD),
-            "keep": config.option("specprefill_keep", DEFAULT_KEEP),
-            "chunk": config.option("specprefill_chunk", DEFAULT_CHUNK),
-        },
-    )
+    """The server-wide defaults from the parsed flags (raises ``OptionError`` when bad)."""
+    read = read_settings(config, Settings, prefix=PREFIX)
+    return _validated(attrs.evolve(Settings(), draft_model=read.draft_model), attrs.asdict(read))
 
 
 def request_settings(base: Settings, options: Mapping[str, Any]) -> Settings:
@@ -119,10 +96,10 @@ def request_settings(base: Settings, options: Mapping[str, Any]) -> Settings:
     if isinstance(raw, bool):
         return attrs.evolve(base, enabled=raw)
     if not isinstance(raw, Mapping):
-        raise ValueError(FIELD, "must be an object (or true/false)")
+        raise OptionError(FIELD, "must be an object (or true/false)")
     unknown = sorted(set(raw) - set(FLAGS))
     if unknown:
-        raise ValueError(
+        raise OptionError(
             f"{FIELD}.{unknown[0]}", f"unknown option; known: {', '.join(sorted(FLAGS))}"
         )
     return _validated(base, dict(raw))
@@ -133,17 +110,17 @@ def _validated(base: Settings, values: Mapping[str, Any]) -> Settings:
     if "enabled" in values:
         enabled = values["enabled"]
         if not isinstance(enabled, bool):
-            raise ValueError(f"{FIELD}.enabled", "must be true or false")
+            raise OptionError(f"{FIELD}.enabled", "must be true or false")
         changes["enabled"] = enabled
     if "keep" in values:
         keep = values["keep"]
         if isinstance(keep, bool) or not isinstance(keep, (int, float)) or not 0 < keep <= 1:
-            raise ValueError(f"{FIELD}.keep", f"must be a number in (0, 1], got {keep!r}")
+            raise OptionError(f"{FIELD}.keep", f"must be a number in (0, 1], got {keep!r}")
         changes["keep"] = float(keep)
     for name, low in (("threshold", 0), ("chunk", 1)):
         if name in values:
             value = values[name]
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{FIELD}.{name}", f"must be an integer >= {low}, got {value!r}")
+                raise OptionError(f"{FIELD}.{name}", f"must be an integer >= {low}, got {value!r}")
             changes[name] = value
     return attrs.evolve(base, **changes)

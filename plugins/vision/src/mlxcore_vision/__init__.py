@@ -18,7 +18,7 @@ from typing import Any
 from mlxcore import hookimpl
 from mlxcore.config import ServerConfig
 from mlxcore.engine.strategies import PrefillStrategy
-from mlxcore.errors import UsageError
+from mlxcore.errors import OptionError, UsageError
 from mlxcore.model_info import ModelInfo
 
 MLXCORE_AUTOLOAD = True
@@ -32,81 +32,28 @@ def mlxcore_addoption(parser: Any) -> None:
     """``--mllm``, ``--allowed-media-domains``, ``--allowed-local-media-path``,
     ``--allow-private-media-urls``, ``--max-image-pixels``, ``--video-fps``,
     ``--video-max-frames``, ``--vision-cache-size``."""
-    parser.add_argument(
-        "--mllm",
-        action="store_true",
-        default=False,
-        help="vision: load the model with mlx-vlm even if its config does not look multimodal",
-    )
-    parser.add_argument(
-        "--allowed-media-domains",
-        nargs="+",
-        default=None,
-        metavar="DOMAIN",
-        help="vision: hosts (and subdomains) image URLs may be fetched from (default: none)",
-    )
-    parser.add_argument(
-        "--allowed-local-media-path",
-        default=None,
-        metavar="DIR",
-        help="vision: a folder local image paths must be under (default: no local files)",
-    )
-    parser.add_argument(
-        "--allow-private-media-urls",
-        action="store_true",
-        default=False,
-        help="vision: allow image URLs that resolve to private or loopback addresses",
-    )
-    parser.add_argument(
-        "--max-image-pixels",
-        type=int,
-        default=None,
-        metavar="N",
-        help="vision: the most pixels (width x height) one image may have (default 16777216)",
-    )
-    parser.add_argument(
-        "--video-fps",
-        type=float,
-        default=None,
-        metavar="FPS",
-        help="vision: frames per second sampled from a video (default: mlx-vlm's, 2)",
-    )
-    parser.add_argument(
-        "--video-max-frames",
-        type=int,
-        default=None,
-        metavar="N",
-        help="vision: the most frames sampled from one video (default: mlx-vlm's)",
-    )
-    parser.add_argument(
-        "--vision-cache-size",
-        type=int,
-        default=32,
-        metavar="N",
-        help="vision: how many image sets' vision encodings to keep for reuse (0: off)",
-    )
+    from mlxcore_vision.settings import add_vision_flags
+
+    add_vision_flags(parser)
 
 
 @hookimpl
 def mlxcore_configure(config: ServerConfig) -> None:
     """Check the vision flags."""
-    pixels = config.option("max_image_pixels")
-    if pixels is not None and pixels < 1:
-        raise UsageError("--max-image-pixels must be at least 1")
-    size = config.option("vision_cache_size", 32)
-    if size is not None and size < 0:
-        raise UsageError("--vision-cache-size must be 0 or more")
+    from mlxcore_vision.settings import vision_settings
     from mlxcore_vision.video import check_options
 
+    settings = vision_settings(config)
+    if settings.max_image_pixels < 1:
+        raise UsageError("--max-image-pixels must be at least 1")
+    if settings.vision_cache_size < 0:
+        raise UsageError("--vision-cache-size must be 0 or more")
     try:
         check_options(
-            {
-                "video_fps": config.option("video_fps"),
-                "video_max_frames": config.option("video_max_frames"),
-            }
+            {"video_fps": settings.video_fps, "video_max_frames": settings.video_max_frames}
         )
-    except ValueError as exc:
-        field, message = exc.args
+    except OptionError as exc:
+        field, message = exc.field, exc.message
         raise UsageError(f"--{field.replace('_', '-')} {message}") from None
 
 
@@ -138,10 +85,11 @@ def mlxcore_prefill_strategy(
     if vlm is None:
         return None
     from mlxcore_vision.prefill import VisionPrefill
+    from mlxcore_vision.settings import vision_settings
 
     return VisionPrefill(
         model,
         vlm,
         step_size=config.prefill_step_size,
-        encoding_cache_size=int(config.option("vision_cache_size", 32) or 0),
+        encoding_cache_size=vision_settings(config).vision_cache_size,
     )

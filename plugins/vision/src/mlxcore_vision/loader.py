@@ -21,7 +21,9 @@ import mlx.nn as nn
 
 from mlxcore.config import ServerConfig
 from mlxcore.models import LoadedModel, ModelLoadError, ResolvedModel
-from mlxcore.models.loader import describe_model, read_config, read_weight_keys
+from mlxcore.models.folder import read_config, read_weight_keys
+from mlxcore.models.loader import describe_model
+from mlxcore_vision.settings import vision_settings
 
 log = logging.getLogger("mlxcore.plugins.vision")
 
@@ -143,7 +145,7 @@ def load_vision_model(model: ResolvedModel, config: ServerConfig) -> LoadedModel
     """
     path = model.path
     cfg = read_config(path)
-    forced = bool(config.option("mllm", False))
+    forced = vision_settings(config).mllm
     if not forced and not is_vision_checkpoint(path, cfg):
         return None
     model_type = str(cfg.get("model_type", ""))

@@ -22,9 +22,10 @@ import mlx.core as mx
 import numpy as np
 
 from mlxcore.config import ServerConfig
+from mlxcore.errors import MediaError
 from mlxcore.media import MediaHandler, MediaPart, PreparedPrompt
-from mlxcore.server.errors import invalid
 from mlxcore_vision.fetch import FetchError, fetch_media
+from mlxcore_vision.settings import DEFAULT_MAX_IMAGE_PIXELS, vision_settings
 from mlxcore_vision.video import (
     MIXED_MEDIA_MODEL_TYPES,
     NATIVE_VIDEO_MODEL_TYPES,
@@ -36,7 +37,6 @@ from mlxcore_vision.video import (
     video_sampling,
 )
 
-DEFAULT_MAX_IMAGE_PIXELS = 4096 * 4096
 MAX_MEDIA_BYTES = 32 * 1024 * 1024
 FETCH_TIMEOUT = 10.0
 
@@ -64,15 +64,16 @@ class MediaPolicy:
     def from_config(cls, config: ServerConfig) -> MediaPolicy:
         """The policy from ``--allowed-media-domains``, ``--allowed-local-media-path``,
         ``--allow-private-media-urls`` and ``--max-image-pixels``."""
-        domains = config.option("allowed_media_domains") or ()
+        settings = vision_settings(config)
+        domains = settings.allowed_media_domains or ()
         if isinstance(domains, str):
             domains = tuple(d for d in domains.split(",") if d)
-        local = config.option("allowed_local_media_path")
+        local = settings.allowed_local_media_path
         return cls(
             allowed_domains=tuple(d.strip().lower().lstrip(".") for d in domains),
             allowed_local_path=Path(local).resolve() if local else None,
-            allow_private=bool(config.option("allow_private_media_urls", False)),
-            max_image_pixels=int(config.option("max_image_pixels") or DEFAULT_MAX_IMAGE_PIXELS),
+            allow_private=bool(settings.allow_private_media_urls),
+            max_image_pixels=int(settings.max_image_pixels or DEFAULT_MAX_IMAGE_PIXELS),
         )
 
 
@@ -163,7 +164,7 @@ class VisionMedia(MediaHandler):
         videos_in = [p for p in parts if p.part.get("type") in VIDEO_PART_TYPES]
         mixed_refused = self.native_video and self.model_type not in MIXED_MEDIA_MODEL_TYPES
         if mixed_refused and videos_in and len(videos_in) < len(parts):
-            raise invalid(
+            raise MediaError(
                 "images and videos in one request are not supported yet", videos_in[0].where
             )
         sampling = video_sampling(options, self.video_defaults)
@@ -210,7 +211,7 @@ class VisionMedia(MediaHandler):
                     **(sampling if videos else {}),
                 )
             except Exception as exc:  # the processor refuses media it cannot handle
-                raise invalid(
+                raise MediaError(
                     f"the model's processor could not process the media: {exc}", parts[0].where
                 ) from None
         arrays = {k: np.array(v) for k, v in inputs.items() if isinstance(v, mx.array)}
@@ -226,7 +227,7 @@ class VisionMedia(MediaHandler):
         marker = getattr(self.processor, "boi_token", None) or self.processor.image_token
         pieces = prompt_text.split(marker)
         if len(pieces) != len(counts) + 1:
-            raise invalid(
+            raise MediaError(
                 "the chat template did not render one image marker per media part",
                 parts[0].where,
             )
@@ -248,7 +249,7 @@ class VisionMedia(MediaHandler):
             return self._fetch_remote(url, where)
         if scheme == "file" or (scheme == "" and url.startswith("/")):
             return self._read_local(url, where)
-        raise invalid(
+        raise MediaError(
             f"unsupported media URL scheme {scheme!r}: use a data: URI, or http(s) / local "
             "files where the server allows them",
             where,
@@ -264,25 +265,25 @@ class VisionMedia(MediaHandler):
                 max_bytes=MAX_MEDIA_BYTES,
             )
         except FetchError as exc:
-            raise invalid(str(exc), where) from None
+            raise MediaError(str(exc), where) from None
 
     def _read_local(self, url: str, where: str) -> bytes:
         root = self.policy.allowed_local_path
         raw = urllib.parse.unquote(urllib.parse.urlsplit(url).path) if "://" in url else url
         if root is None:
-            raise invalid(
+            raise MediaError(
                 "local image paths are not allowed (--allowed-local-media-path)",
                 where,
             )
         path = Path(raw).resolve()
         if not path.is_relative_to(root):
-            raise invalid("the media path is outside --allowed-local-media-path", where)
+            raise MediaError("the media path is outside --allowed-local-media-path", where)
         try:
             if path.stat().st_size > MAX_MEDIA_BYTES:
-                raise invalid("the media file is larger than 32 MiB", where)
+                raise MediaError("the media file is larger than 32 MiB", where)
             return path.read_bytes()
         except OSError as exc:
-            raise invalid(f"cannot read the media file: {exc.strerror}", where) from None
+            raise MediaError(f"cannot read the media file: {exc.strerror}", where) from None
 
     def decode(self, data: bytes, where: str) -> Any:
         """``data`` as an RGB PIL image, after the pixel-count check."""
@@ -291,12 +292,12 @@ class VisionMedia(MediaHandler):
         try:
             image = Image.open(io.BytesIO(data))
         except UnidentifiedImageError:
-            raise invalid("the data is not an image in a supported format", where) from None
+            raise MediaError("the data is not an image in a supported format", where) from None
         except Exception as exc:
-            raise invalid(f"the image cannot be read: {exc}", where) from None
+            raise MediaError(f"the image cannot be read: {exc}", where) from None
         width, height = image.size
         if width * height > self.policy.max_image_pixels:
-            raise invalid(
+            raise MediaError(
                 f"the image has {width}x{height} pixels, more than the "
                 f"{self.policy.max_image_pixels} allowed (--max-image-pixels)",
                 where,
@@ -304,21 +305,21 @@ class VisionMedia(MediaHandler):
         try:
             return image.convert("RGB")
         except Exception as exc:
-            raise invalid(f"the image cannot be decoded: {exc}", where) from None
+            raise MediaError(f"the image cannot be decoded: {exc}", where) from None
 
 
 def _data_uri(url: str, where: str) -> bytes:
     header, sep, body = url.partition(",")
     if not sep:
-        raise invalid("a data: URI needs a comma before its data", where)
+        raise MediaError("a data: URI needs a comma before its data", where)
     if not header.endswith(";base64"):
-        raise invalid("only base64 data: URIs are supported", where)
+        raise MediaError("only base64 data: URIs are supported", where)
     try:
         data = base64.b64decode(body, validate=True)
     except (binascii.Error, ValueError):
-        raise invalid("the data: URI is not valid base64", where) from None
+        raise MediaError("the data: URI is not valid base64", where) from None
     if not data:
-        raise invalid("the data: URI is empty", where)
+        raise MediaError("the data: URI is empty", where)
     return data
 
 

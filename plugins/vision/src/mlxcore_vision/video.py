@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from mlxcore.config import ServerConfig
-from mlxcore.server.errors import invalid
+from mlxcore.errors import MediaError, OptionError
+from mlxcore_vision.settings import vision_settings
 
 VIDEO_PART_TYPES = frozenset({"video_url", "video"})
 """Content part types carrying a clip: ``{"type": "video_url", "video_url": {"url": ...}}``."""
@@ -44,33 +45,36 @@ def media_url(part: Mapping[str, Any], where: str, field: str) -> str:
     if isinstance(value, Mapping):
         value = value.get("url")
     if not isinstance(value, str) or not value:
-        raise invalid(f"a {field.removesuffix('_url')} part needs {field}.url", f"{where}.{field}")
+        raise MediaError(
+            f"a {field.removesuffix('_url')} part needs {field}.url", f"{where}.{field}"
+        )
     return value
 
 
 def check_options(options: Mapping[str, Any]) -> None:
-    """Validate the per-request video fields; ``ValueError(field, message)`` on a bad one."""
+    """Validate the per-request video fields; ``OptionError(field, message)`` on a bad one."""
     fps = options.get(OPTION_FPS)
     if fps is not None and (
         isinstance(fps, bool) or not isinstance(fps, int | float) or not 0 < fps <= 60
     ):
-        raise ValueError(OPTION_FPS, "must be a number in (0, 60]")
+        raise OptionError(OPTION_FPS, "must be a number in (0, 60]")
     frames = options.get(OPTION_MAX_FRAMES)
     if frames is not None and (
         isinstance(frames, bool)
         or not isinstance(frames, int)
         or not 2 <= frames <= MAX_FRAMES_LIMIT
     ):
-        raise ValueError(OPTION_MAX_FRAMES, f"must be an integer from 2 to {MAX_FRAMES_LIMIT}")
+        raise OptionError(OPTION_MAX_FRAMES, f"must be an integer from 2 to {MAX_FRAMES_LIMIT}")
 
 
 def server_video_defaults(config: ServerConfig) -> dict[str, Any]:
     """The server's sampling (``--video-fps``, ``--video-max-frames``) as mlx-vlm fields."""
+    settings = vision_settings(config)
     out: dict[str, Any] = {}
-    if config.option("video_fps") is not None:
-        out["fps"] = float(config.option("video_fps"))
-    if config.option("video_max_frames") is not None:
-        out["max_frames"] = int(config.option("video_max_frames"))
+    if settings.video_fps is not None:
+        out["fps"] = float(settings.video_fps)
+    if settings.video_max_frames is not None:
+        out["max_frames"] = int(settings.video_max_frames)
     return out
 
 
@@ -92,15 +96,15 @@ def check_video(path: Path, where: str) -> int:
     cap = cv2.VideoCapture(str(path))
     try:
         if not cap.isOpened():
-            raise invalid("the data is not a video in a supported format", where)
+            raise MediaError("the data is not a video in a supported format", where)
         frames = int(cap.get(cv2.CAP_PROP_FRAME_COUNT))
         ok, _ = cap.read()
     finally:
         cap.release()
     if frames <= 0 or not ok:
-        raise invalid("the video has no frames", where)
+        raise MediaError("the video has no frames", where)
     if frames < 2:
-        raise invalid("the video needs at least 2 frames", where)
+        raise MediaError("the video needs at least 2 frames", where)
     return frames
 
 
@@ -115,7 +119,7 @@ def sample_frames(path: Path, sampling: Mapping[str, Any], where: str) -> list[A
     try:
         frames, _ = load_video(str(path), **fields)
     except Exception as exc:
-        raise invalid(f"the video's frames cannot be read: {exc}", where) from None
+        raise MediaError(f"the video's frames cannot be read: {exc}", where) from None
     if len(frames) == 0:
-        raise invalid("the video has no frames", where)
+        raise MediaError("the video has no frames", where)
     return [Image.fromarray(frame.transpose(1, 2, 0)) for frame in frames]

@@ -6,10 +6,8 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-import attrs
 from litestar import Request, Response, post
 
-from mlxcore import structured
 from mlxcore.builtin.openai import convert
 from mlxcore.builtin.openai.encode import (
     SSE_DONE,
@@ -23,102 +21,67 @@ from mlxcore.builtin.openai.encode import (
     usage_body,
 )
 from mlxcore.builtin.openai.schemas import ChatCompletionRequest
-from mlxcore.engine.request import GenerationRequest
 from mlxcore.output import OutputDelta
-from mlxcore.server.requests import (
-    body_extras,
+from mlxcore.server import builder
+from mlxcore.server.builder import ChatPrompt, RequestSpec
+from mlxcore.server.frontend import (
     check_model,
-    decode_body,
+    decode_request,
     served_name,
     service_of,
     unless_disconnected,
-    validated_options,
 )
-from mlxcore.server.service import Generation, GenerationService, collect
-
-KNOWN_FIELDS = frozenset(ChatCompletionRequest.__struct_fields__)
+from mlxcore.server.service import Generation, GenerationService, collect, merge_streams
 
 
-def build_generations(
-    svc: GenerationService, body: ChatCompletionRequest, options: dict[str, Any]
-) -> list[Generation]:
-    """Validate ``body`` and prepare one :class:`Generation` per choice (``n``);
-    ``options`` are the body's extra fields, for plugins."""
+def request_spec(
+    svc: GenerationService, body: ChatCompletionRequest, extras: dict[str, Any]
+) -> RequestSpec:
+    """Check the fields only Chat Completions has and describe the request for the
+    shared builder; ``extras`` are the body's fields outside the schema, for plugins."""
     convert.check_chat_fields(body)
-    media = svc.runtime.media
-    messages, media_parts = convert.normalize_chat(body.messages, media)
-    tools = body.tools if body.tool_choice != "none" else None
-    kwargs = dict(body.chat_template_kwargs or {})
-    rendered = svc.chat_prompt(messages, tools, kwargs)
-    prompt_text, prompt = rendered.text, rendered.ids
-    checkpoints = rendered.checkpoints()
-    plugin_options = validated_options(svc, _plugin_options(options))
-    payload = cache_key = None
-    if media_parts:  # expand the media placeholders before the prompt length counts
-        prepared = media.prepare(prompt_text, media_parts, plugin_options)
-        prompt, payload, checkpoints = prepared.ids, prepared.payload, ()
-        cache_key = None if prepared.cache_key is None else tuple(prepared.cache_key)
+    messages, media_parts = convert.normalize_chat(body.messages, svc.runtime.media)
     top = body.top_logprobs or 0
     if top and not body.logprobs:
         raise convert.invalid("top_logprobs requires logprobs: true", "top_logprobs")
     use_completion = body.max_completion_tokens is not None
-    budget = convert.max_tokens(
-        body.max_completion_tokens if use_completion else body.max_tokens,
-        svc.config.max_tokens_default,
-        svc.context_length,
-        "max_completion_tokens" if use_completion else "max_tokens",
-        prompt_len=len(prompt),
-    )
     sampling = convert.sampling_params(
         body,
         vocab_size=len(svc.runtime.tokenizer),
         logprobs=body.logprobs,
         top_logprobs=top,
     )
-    stops = convert.stop_list(body.stop)
-    thinks = (
-        svc.runtime.parsers.reasoning is not None and kwargs.get("enable_thinking") is not False
+    return RequestSpec(
+        prompt=ChatPrompt(
+            messages,
+            body.tools if body.tool_choice != "none" else None,
+            dict(body.chat_template_kwargs or {}),
+            media_parts,
+        ),
+        sampling=sampling,
+        new_id=lambda: new_id("chatcmpl"),
+        max_tokens=body.max_completion_tokens if use_completion else body.max_tokens,
+        default_max_tokens=svc.config.max_tokens_default,
+        max_tokens_field="max_completion_tokens" if use_completion else "max_tokens",
+        stops=convert.stop_list(body.stop),
+        extras=extras,
+        constraint=convert.constraint(body),
+        n=body.n,
     )
-    forced_options, forced_parser = convert.constraint_options(body, thinks=thinks)
-    options = {**plugin_options, **forced_options}
-    gens = []
-    for i in range(body.n):
-        params = sampling
-        if i and sampling.seed is not None:
-            params = attrs.evolve(sampling, seed=(sampling.seed + i) & (2**64 - 1))
-        req = GenerationRequest(
-            prompt_tokens=tuple(prompt),
-            checkpoints=checkpoints,
-            max_tokens=budget,
-            sampling=params,
-            options=options,
-            request_id=new_id("chatcmpl"),
-            media=payload,
-            cache_key=cache_key,
-        )
-        svc.validate(req)
-        pipe = svc.pipeline(
-            stops=stops,
-            tools=tools,
-            prompt_text=prompt_text,
-            tool_parser=forced_parser() if forced_parser else None,
-        )
-        gens.append(Generation(req, pipe))
-    return gens
 
 
-def _plugin_options(extras: dict[str, Any]) -> dict[str, Any]:
-    """Body extras minus the keys the front end itself sets (never client-controlled)."""
-    reserved = (structured.OPTION, structured.START_AFTER_OPTION)
-    return {k: v for k, v in extras.items() if k not in reserved}
+def build_generations(
+    svc: GenerationService, body: ChatCompletionRequest, extras: dict[str, Any]
+) -> list[Generation]:
+    """One :class:`Generation` per choice (``n``) of a chat completion request."""
+    return builder.build_generations(svc, request_spec(svc, body, extras))
 
 
 @post("/v1/chat/completions", status_code=200, opt={"body": ChatCompletionRequest})
 async def chat_completions(request: Request[Any, Any, Any]) -> Any:
     """OpenAI chat completions."""
     svc = service_of(request)
-    body = await decode_body(request, ChatCompletionRequest)
-    options = await body_extras(request, KNOWN_FIELDS)
+    body, options = await decode_request(request, ChatCompletionRequest)
     check_model(svc, body.model)
     gens = await svc.prepare(build_generations, svc, body, options)
     streams = await unless_disconnected(request, svc.start_all(gens))
@@ -190,7 +153,7 @@ async def _stream(
     for index in range(len(gens)):
         yield chunk(index, {"role": "assistant", "content": ""})
     tool_index = [0] * len(gens)
-    async for index, d in _merge(streams):
+    async for index, d in merge_streams(streams):
         delta: dict[str, Any] = {}
         if d.reasoning:
             delta["reasoning_content"] = d.reasoning
@@ -220,38 +183,3 @@ async def _stream(
             }
         )
     yield SSE_DONE
-
-
-async def _merge(
-    streams: list[AsyncIterator[OutputDelta]],
-) -> AsyncIterator[tuple[int, OutputDelta]]:
-    """Interleave several delta streams, tagging each delta with its choice index."""
-    if len(streams) == 1:
-        async for d in streams[0]:
-            yield 0, d
-        return
-    queue: asyncio.Queue[tuple[int, OutputDelta | BaseException | None]] = asyncio.Queue()
-
-    async def pump(index: int, stream: AsyncIterator[OutputDelta]) -> None:
-        try:
-            async for d in stream:
-                await queue.put((index, d))
-        except BaseException as exc:
-            await queue.put((index, exc))
-            return
-        await queue.put((index, None))
-
-    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
-    try:
-        live = len(tasks)
-        while live:
-            index, item = await queue.get()
-            if item is None:
-                live -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield index, item
-    finally:
-        for task in tasks:
-            task.cancel()

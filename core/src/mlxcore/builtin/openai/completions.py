@@ -6,11 +6,9 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-import attrs
 from litestar import Request, Response, get, post
 
 from mlxcore.builtin.openai import convert
-from mlxcore.builtin.openai.chat import _merge
 from mlxcore.builtin.openai.encode import (
     SSE_DONE,
     LogprobEncoder,
@@ -21,48 +19,40 @@ from mlxcore.builtin.openai.encode import (
     usage_body,
 )
 from mlxcore.builtin.openai.schemas import CompletionRequest
-from mlxcore.engine.request import GenerationRequest
 from mlxcore.output import OutputDelta
+from mlxcore.server import builder
+from mlxcore.server.builder import RequestSpec, TextPrompt
 from mlxcore.server.errors import invalid
-from mlxcore.server.requests import (
-    body_extras,
+from mlxcore.server.frontend import (
     check_model,
-    decode_body,
+    decode_request,
     served_name,
     served_names,
     service_of,
     unless_disconnected,
-    validated_options,
 )
-from mlxcore.server.service import Generation, GenerationService, collect
+from mlxcore.server.service import Generation, GenerationService, collect, merge_streams
 
 
-def _prompt_tokens(svc: GenerationService, prompt: str | list[str | int]) -> list[int]:
+def _prompt(prompt: str | list[str | int]) -> TextPrompt:
     if isinstance(prompt, str):
-        return svc.encode(prompt)
+        return TextPrompt(text=prompt)
     ids = [p for p in prompt if isinstance(p, int)]
     if prompt and len(ids) == len(prompt):
-        vocab = len(svc.runtime.tokenizer)
-        if any(not 0 <= t < vocab for t in ids):
-            raise invalid("prompt token ids must be inside the vocabulary", "prompt")
-        return ids
+        return TextPrompt(ids=ids)
     if len(prompt) == 1 and isinstance(prompt[0], str):
-        return svc.encode(prompt[0])
+        return TextPrompt(text=prompt[0])
     raise invalid("prompt must be a string, a one-string list or a list of token ids", "prompt")
 
 
-KNOWN_FIELDS = frozenset(CompletionRequest.__struct_fields__)
-
-
-def build_generations(
-    svc: GenerationService, body: CompletionRequest, options: dict[str, Any]
-) -> list[Generation]:
-    """Validate ``body`` and prepare one generation per choice."""
+def request_spec(
+    svc: GenerationService, body: CompletionRequest, extras: dict[str, Any]
+) -> RequestSpec:
+    """Check the fields only text completions have and describe the request for the
+    shared builder (raw text out: no reasoning or tool parsing)."""
     if body.suffix:
         raise invalid("suffix is not supported", "suffix")
-    prompt = _prompt_tokens(svc, body.prompt)
-    if not prompt:
-        raise invalid("prompt must not be empty", "prompt")
+    prompt = _prompt(body.prompt)
     top = body.logprobs or 0
     if not 0 <= top <= convert.MAX_TOP_LOGPROBS:
         raise invalid(f"logprobs must be between 0 and {convert.MAX_TOP_LOGPROBS}", "logprobs")
@@ -72,34 +62,31 @@ def build_generations(
         logprobs=body.logprobs is not None,
         top_logprobs=top,
     )
-    budget = convert.max_tokens(
-        body.max_tokens, 16, svc.context_length, prompt_len=len(prompt), prompt_param="prompt"
+    return RequestSpec(
+        prompt=prompt,
+        sampling=sampling,
+        new_id=lambda: new_id("cmpl"),
+        max_tokens=body.max_tokens,
+        default_max_tokens=16,  # OpenAI's default for this API
+        stops=convert.stop_list(body.stop),
+        extras=extras,
+        n=body.n,
+        parse=False,
     )
-    stops = convert.stop_list(body.stop)
-    options = validated_options(svc, options)
-    gens = []
-    for i in range(body.n):
-        params = sampling
-        if i and sampling.seed is not None:
-            params = attrs.evolve(sampling, seed=(sampling.seed + i) & (2**64 - 1))
-        req = GenerationRequest(
-            prompt_tokens=tuple(prompt),
-            max_tokens=budget,
-            sampling=params,
-            options=options,
-            request_id=new_id("cmpl"),
-        )
-        svc.validate(req)
-        gens.append(Generation(req, svc.pipeline(stops=stops, parse=False)))
-    return gens
+
+
+def build_generations(
+    svc: GenerationService, body: CompletionRequest, extras: dict[str, Any]
+) -> list[Generation]:
+    """One generation per choice of a text completion request."""
+    return builder.build_generations(svc, request_spec(svc, body, extras))
 
 
 @post("/v1/completions", status_code=200, opt={"body": CompletionRequest})
 async def completions(request: Request[Any, Any, Any]) -> Any:
     """OpenAI (legacy) text completions."""
     svc = service_of(request)
-    body = await decode_body(request, CompletionRequest)
-    options = await body_extras(request, KNOWN_FIELDS)
+    body, options = await decode_request(request, CompletionRequest)
     check_model(svc, body.model)
     gens = await svc.prepare(build_generations, svc, body, options)
     echo = ""
@@ -150,7 +137,7 @@ async def _stream(
     if echo:
         for i in range(len(gens)):
             yield chunk([{"index": i, "text": echo, "logprobs": None, "finish_reason": None}])
-    async for index, d in _merge(streams):
+    async for index, d in merge_streams(streams):
         if d.content or d.logprobs or d.finish_reason:
             logprobs = lp.completion(d.logprobs) if lp and d.logprobs else None
             choice = {

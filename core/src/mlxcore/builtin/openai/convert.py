@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from mlxcore import structured
@@ -15,8 +15,8 @@ from mlxcore.builtin.openai.schemas import ChatCompletionRequest, Message, Sampl
 from mlxcore.engine.request import SamplingParams
 from mlxcore.engine.validation import MAX_TOP_LOGPROBS
 from mlxcore.media import MediaHandler, MediaPart
-from mlxcore.parsers.base import ToolParser
-from mlxcore.server.errors import APIError, invalid
+from mlxcore.server.builder import Constraint
+from mlxcore.server.errors import invalid
 
 MAX_N = 16
 
@@ -84,42 +84,6 @@ def stop_list(stop: str | list[str] | None) -> list[str]:
     if stop is None:
         return []
     return [stop] if isinstance(stop, str) else list(stop)
-
-
-def max_tokens(
-    value: int | None,
-    default: int,
-    limit: int | None,
-    param: str = "max_tokens",
-    *,
-    prompt_len: int = 0,
-    prompt_param: str = "messages",
-) -> int:
-    """The generation budget, checked against the context ``limit`` left after the prompt.
-
-    Without a value the default is cut to the room left; a value below 1, or beyond that
-    room, is refused (``param`` is the field the client used). A prompt that fills the
-    context by itself is refused naming ``prompt_param``.
-    """
-    room = None if limit is None else limit - prompt_len
-    if room is not None and room < 1:
-        raise APIError(
-            400,
-            f"the prompt ({prompt_len} tokens) fills the model's context of {limit} tokens",
-            param=prompt_param,
-            code="context_length_exceeded",
-        )
-    if value is None:
-        return default if room is None else min(default, room)
-    if value < 1:
-        raise invalid(f"{param} must be at least 1", param)
-    if room is not None and value > room:
-        raise invalid(
-            f"{param} {value} plus the prompt's {prompt_len} tokens exceeds the model's "
-            f"context of {limit} tokens",
-            param,
-        )
-    return value
 
 
 ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
@@ -192,22 +156,17 @@ def _tool_calls(calls: list[dict[str, Any]], where: str) -> list[dict[str, Any]]
     return out
 
 
-def normalize_messages(messages: list[Message]) -> list[dict[str, Any]]:
-    """Messages as chat templates expect them.
-
-    ``developer`` becomes ``system``; system messages move to the front (merged
-    into one); consecutive user (or system) messages are merged; content-part
-    lists are flattened to text for text-only models.
-    """
-    return normalize_chat(messages, None)[0]
-
-
 def normalize_chat(
     messages: list[Message], media: MediaHandler | None
 ) -> tuple[list[dict[str, Any]], list[MediaPart]]:
-    """:func:`normalize_messages` for a model with a media handler: user, assistant and
-    tool messages may hold the media parts ``media`` accepts; they are replaced by the
-    handler's placeholders for the template and returned in prompt order."""
+    """Messages as chat templates expect them, and their media parts.
+
+    ``developer`` becomes ``system``; system messages move to the front (merged
+    into one); consecutive user (or system) messages are merged. Without a media
+    handler (``media`` is ``None``) content-part lists are flattened to text and a
+    media part is refused; with one, user, assistant and tool messages may hold the
+    parts ``media`` accepts: they are replaced by the handler's placeholders for
+    the template and returned in prompt order."""
     parts: list[MediaPart] = []
     if not messages:
         raise invalid("messages must not be empty", "messages")
@@ -272,35 +231,28 @@ def check_chat_fields(body: ChatCompletionRequest) -> None:
             raise invalid("a tool function needs a name", f"tools[{i}].function.name")
 
 
-def constraint_options(
-    body: ChatCompletionRequest, *, thinks: bool
-) -> tuple[dict[str, Any], Callable[[], ToolParser] | None]:
-    """Engine options enforcing ``response_format`` / ``tool_choice``, and for a forced
-    tool choice a factory of the parser that reads the constrained output back.
-
-    A forced tool choice wins over ``response_format`` (as in vLLM). ``thinks``: the
-    model may reason first, so the constraint starts after its ``</think>``.
-    """
-    options: dict[str, Any] = {}
+def constraint(body: ChatCompletionRequest) -> Constraint | None:
+    """What ``response_format`` / ``tool_choice`` require of the output, with, for a
+    forced tool choice, a factory of the parser that reads the constrained output back
+    (a forced tool choice wins over ``response_format``, as in vLLM)."""
     try:
         forced = structured.tool_choice_constraint(
             body.tools, body.tool_choice, parallel=body.parallel_tool_calls is not False
         )
-        constraint = forced[0] if forced else structured.from_response_format(body.response_format)
+        value = forced[0] if forced else structured.from_response_format(body.response_format)
     except structured.ConstraintError as exc:
         field = (
             "tool_choice" if body.tool_choice not in (None, "auto", "none") else "response_format"
         )
         raise invalid(str(exc), field) from None
-    if constraint is None:
-        return options, None
-    options[structured.OPTION] = constraint
-    if thinks:
-        options[structured.START_AFTER_OPTION] = "</think>"
+    if value is None:
+        return None
     if forced is None:
-        return options, None
+        return Constraint(value)
     tools, choice = list(body.tools or []), body.tool_choice
     if isinstance(choice, Mapping):
         name = choice["function"]["name"]
-        return options, lambda: structured.ConstrainedToolCallParser(tools, mode="named", name=name)
-    return options, lambda: structured.ConstrainedToolCallParser(tools, mode="required")
+        return Constraint(
+            value, lambda: structured.ConstrainedToolCallParser(tools, mode="named", name=name)
+        )
+    return Constraint(value, lambda: structured.ConstrainedToolCallParser(tools, mode="required"))

@@ -1,7 +1,9 @@
-"""What every model-serving command sets up: plugins, model, engine.
+"""The object every front end, command and test builds from: a loaded model, its
+parsers and its engine.
 
-``mlxcore serve``, ``mlxcore generate`` and ``mlxcore bench`` all go through
-:func:`build_runtime`, so there is exactly one engine and one way to load.
+``mlxcore serve``, ``mlxcore generate``, ``mlxcore bench`` and the tests all go
+through :func:`build_runtime`, so there is exactly one engine and one way to load.
+It sits below the server and the CLI (both import it; it imports neither).
 """
 
 from __future__ import annotations

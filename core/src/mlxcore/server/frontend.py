@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import msgspec
 from litestar import Request
 
+from mlxcore.errors import OptionError
 from mlxcore.server.errors import APIError, from_validation, invalid
 from mlxcore.server.service import GenerationService
 
@@ -28,12 +29,18 @@ def _is_json(content_type: str) -> bool:
     return not media or media.endswith(("/json", "+json"))
 
 
-async def decode_body(request: Request[Any, Any, Any], body_type: type[T]) -> T:
-    """The JSON body decoded strictly as ``body_type``.
+async def decode_request(
+    request: Request[Any, Any, Any], body_type: type[T]
+) -> tuple[T, dict[str, Any]]:
+    """The JSON body decoded strictly as ``body_type``, and its top-level fields outside
+    that schema (they become the plugins' per-request options,
+    ``GenerationRequest.options``, so a plugin can take a setting such as
+    ``"speculative": false`` without the front ends knowing about it).
 
-    A non-JSON ``Content-Type`` is a 415; bytes that are not UTF-8 (anywhere, even in
-    fields that are ignored), not JSON, nested too deeply or not the expected shape are
-    a 400 naming the field where there is one.
+    The bytes are parsed once. A non-JSON ``Content-Type`` is a 415; a body that does
+    not arrive within ``--header-timeout`` a 408; bytes that are not UTF-8 (anywhere,
+    even in fields that are ignored), not JSON, nested too deeply or not the expected
+    shape are a 400 naming the field where there is one.
     """
     content_type = request.headers.get("content-type", "")
     if not _is_json(content_type):
@@ -49,7 +56,8 @@ async def decode_body(request: Request[Any, Any, Any], body_type: type[T]) -> T:
         raise APIError(408, "the request body did not arrive in time", code="timeout") from None
     try:
         raw.decode("utf-8")  # msgspec does not check the keys it skips
-        return msgspec.json.decode(raw, type=body_type)
+        document = msgspec.json.decode(raw)
+        body = msgspec.convert(document, body_type)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise from_validation(exc) from None
     except UnicodeDecodeError as exc:
@@ -58,31 +66,24 @@ async def decode_body(request: Request[Any, Any, Any], body_type: type[T]) -> T:
         ) from None
     except RecursionError:
         raise invalid("the request body is nested too deeply") from None
+    known = frozenset(getattr(body_type, "__struct_encode_fields__", ()))
+    extras = {k: v for k, v in document.items() if k not in known}
+    return body, extras
 
 
-async def body_extras(request: Request[Any, Any, Any], known: frozenset[str]) -> dict[str, Any]:
-    """Top-level body fields outside the API's own schema (names in ``known``).
-
-    They become the request's plugin options (``GenerationRequest.options``), so a
-    plugin can take per-request settings such as ``"speculative": false`` without
-    the front ends knowing about it. Call after :func:`decode_body` succeeded.
-    """
-    raw = msgspec.json.decode(await request.body())
-    if not isinstance(raw, dict):
-        return {}
-    return {k: v for k, v in raw.items() if k not in known}
+async def decode_body(request: Request[Any, Any, Any], body_type: type[T]) -> T:
+    """The JSON body decoded strictly as ``body_type`` (see :func:`decode_request`)."""
+    body, _ = await decode_request(request, body_type)
+    return body
 
 
 def validated_options(svc: GenerationService, options: dict[str, Any]) -> dict[str, Any]:
     """``options`` after every plugin checked its own keys; a bad value is a 400 naming
-    the field (plugins raise ``ValueError(field, message)``)."""
+    the field (plugins raise :class:`OptionError`)."""
     try:
         svc.runtime.hooks.validate_options(options, svc.config)
-    except ValueError as exc:
-        if len(exc.args) >= 2:
-            field, message = str(exc.args[0]), str(exc.args[1])
-            raise invalid(f"{field}: {message}", field) from None
-        raise invalid(str(exc)) from None
+    except OptionError as exc:
+        raise invalid(str(exc), exc.field) from None
     return options
 
 

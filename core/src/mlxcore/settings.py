@@ -1,0 +1,179 @@
+"""Settings written once: a field's default, type, flag and help live on the field.
+
+:class:`mlxcore.config.ServerConfig` and every plugin's settings class are attrs
+classes whose fields are declared with :func:`setting`. The command line is
+generated from them (:func:`add_flags`), so a flag cannot disagree with its
+field, and a plugin reads its values back as a typed object
+(:func:`read_settings`) instead of restating each default::
+
+    @attrs.frozen
+    class HelloSettings:
+        greeting: str = setting("hello", flag="--hello-greeting", help="what to say")
+
+    @hookimpl
+    def mlxcore_addoption(parser):
+        add_flags(parser, HelloSettings)
+
+    @hookimpl
+    def mlxcore_configure(config):
+        settings = read_settings(config, HelloSettings)
+"""
+
+from __future__ import annotations
+
+import argparse
+import builtins
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar, cast
+
+import attrs
+
+T = TypeVar("T")
+FLAG = "mlxcore_flag"
+"""attrs metadata key holding a field's :class:`Flag`."""
+
+
+@attrs.frozen
+class Flag:
+    """How a setting appears on the command line."""
+
+    name: str
+    help: str
+    group: str = ""
+    type: Callable[[str], Any] | None = None
+    metavar: str | None = None
+    nargs: str | None = None
+    action: str | builtins.type[argparse.Action] | None = None
+    choices: tuple[Any, ...] | None = None
+
+
+def setting(
+    default: Any,
+    *,
+    flag: str,
+    help: str,
+    group: str = "",
+    type: Callable[[str], Any] | None = None,
+    metavar: str | None = None,
+    nargs: str | None = None,
+    action: str | builtins.type[argparse.Action] | None = None,
+    choices: tuple[Any, ...] | None = None,
+    converter: Callable[[Any], Any] | None = None,
+) -> Any:
+    """An attrs field with its command-line flag (``default`` is the one default)."""
+    meta = Flag(flag, help, group, type, metavar, nargs, action, choices)
+    return attrs.field(default=default, converter=converter, metadata={FLAG: meta})
+
+
+def flag_of(field: attrs.Attribute[Any]) -> Flag | None:
+    """The :class:`Flag` of a settings field, or ``None`` for a field without one."""
+    flag = field.metadata.get(FLAG)
+    return flag if isinstance(flag, Flag) else None
+
+
+def add_flags(
+    parser: Any,
+    cls: type[Any],
+    *,
+    groups: tuple[str, ...] | None = None,
+    containers: Mapping[str, Any] | None = None,
+    prefix: str = "",
+) -> list[str]:
+    """Add an argparse flag for each field of ``cls`` declared with :func:`setting`.
+
+    ``groups`` keeps only the fields of those groups; ``containers`` maps a group
+    name to the argparse group to add it to (default: ``parser`` itself);
+    ``prefix`` goes before each field name to make its ``dest`` (so a plugin's
+    short field names do not collide with others' in the parsed options). Returns
+    the ``dest`` names added.
+    """
+    added: list[str] = []
+    for field in attrs.fields(cls):
+        flag = flag_of(field)
+        if flag is None or (groups is not None and flag.group not in groups):
+            continue
+        target = (containers or {}).get(flag.group, parser)
+        kwargs: dict[str, Any] = {
+            "dest": prefix + field.name,
+            "default": field.default,
+            "help": flag.help,
+        }
+        for key in ("type", "metavar", "nargs", "action", "choices"):
+            value = getattr(flag, key)
+            if value is not None:
+                kwargs[key] = value
+        if flag.action in ("store_true", "store_false"):
+            kwargs.pop("metavar", None)
+        target.add_argument(flag.name, **kwargs)
+        added.append(prefix + field.name)
+    return added
+
+
+def read_settings(config: Any, cls: type[T], *, prefix: str = "") -> T:
+    """``cls`` filled from a plugin's parsed options (``config.option(prefix + name)``,
+    the ``prefix`` given to :func:`add_flags`); a field the command line did not set
+    keeps its declared default."""
+    values = {}
+    for field in attrs.fields(cast(Any, cls)):
+        if flag_of(field) is None:
+            continue
+        value = config.option(prefix + field.name, attrs.NOTHING)
+        if value is not attrs.NOTHING:
+            values[field.name] = value
+    return cls(**values)
+
+
+# -- value types for flags ---------------------------------------------------
+
+
+def positive_int(text: str) -> int:
+    """An integer > 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def seconds(text: str) -> float:
+    """A finite number of seconds >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0, got {text!r}")
+    return value
+
+
+_BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9}
+_BYTE_UNITS.update({"kib": 2**10, "mib": 2**20, "gib": 2**30})
+
+
+def byte_size(text: str) -> int:
+    """``512MB``, ``2GiB``, ``0`` or a plain number of bytes."""
+    value = text.strip().lower()
+    number = value.rstrip("kmgib")
+    unit = value[len(number) :]
+    try:
+        size = float(number)
+    except ValueError:
+        size = -1.0
+    if unit not in _BYTE_UNITS or not 0 <= size < 2**50:
+        raise argparse.ArgumentTypeError(f"expected a size such as 512MB or 2GiB, got {text!r}")
+    return int(size * _BYTE_UNITS[unit])
+
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+def log_level(text: str) -> str:
+    """A log level name, any case."""
+    value = text.strip().lower()
+    if value not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(
+            f"invalid log level {text!r} (choose from {', '.join(LOG_LEVELS)}; any case)"
+        )
+    return value
