@@ -23,18 +23,29 @@ def msgs(*pairs: tuple[str, object]) -> list[Message]:
     return [Message(role=r, content=c) for r, c in pairs]  # type: ignore[arg-type]
 
 
-def test_developer_becomes_system_and_systems_are_hoisted_and_merged() -> None:
+def test_developer_becomes_system_and_leading_systems_are_merged() -> None:
     out = normalize_text_chat(
-        msgs(("user", "hi"), ("developer", "be brief"), ("system", "no emojis"))
+        msgs(("developer", "be brief"), ("system", "no emojis"), ("user", "hi"))
     )
-    assert out[0] == {"role": "system", "content": "be brief\n\nno emojis"}
-    assert out[1] == {"role": "user", "content": "hi"}
+    assert out == [
+        {"role": "system", "content": "be brief\n\nno emojis"},
+        {"role": "user", "content": "hi"},
+    ]
 
 
-def test_consecutive_user_messages_are_merged_and_parts_flattened() -> None:
+def test_later_systems_and_consecutive_users_stay_where_they_were_sent() -> None:
+    """The history renders the same next turn (mlxcore.prompts rearranges only for a
+    template that refuses this order)."""
     parts = [{"type": "text", "text": "part one"}, {"type": "text", "text": "part two"}]
-    out = normalize_text_chat(msgs(("user", "first"), ("user", parts)))
-    assert out == [{"role": "user", "content": "first\n\npart one\npart two"}]
+    out = normalize_text_chat(
+        msgs(("user", "first"), ("user", parts), ("system", "reminder"), ("user", "last"))
+    )
+    assert out == [
+        {"role": "user", "content": "first"},
+        {"role": "user", "content": "part one\npart two"},
+        {"role": "system", "content": "reminder"},
+        {"role": "user", "content": "last"},
+    ]
 
 
 def test_tool_call_arguments_become_mappings_for_templates() -> None:

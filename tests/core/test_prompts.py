@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from mlxcore.models.loader import load_model
-from mlxcore.prompts import _encode_split, render_chat
+from mlxcore.prompts import _encode_split, arrangements, render_chat
 
 CONVERSATIONS = [
     [{"role": "user", "content": "hi"}],
@@ -72,3 +72,39 @@ def test_a_tokenizer_without_offsets_falls_back_to_two_encodes(tiny_qwen3: Path)
     # a cut inside a token has no boundary
     inside = text.index("spaces") + 2
     assert _encode_split(tokenizer, text, inside)[1] is None
+
+
+MID_SYSTEM = [
+    {"role": "system", "content": "SYSTEM-ONE"},
+    {"role": "user", "content": "first question"},
+    {"role": "assistant", "content": "first answer"},
+    {"role": "system", "content": "SYSTEM-TWO"},
+    {"role": "user", "content": "second"},
+    {"role": "user", "content": "third"},
+]
+
+
+def test_arrangements_go_from_as_sent_to_hoisted() -> None:
+    ways = arrangements(MID_SYSTEM)
+    assert ways[0] == MID_SYSTEM
+    assert [m["role"] for m in ways[1]] == ["system", "user", "assistant", "user", "user", "user"]
+    assert [m["role"] for m in ways[2]] == ["system", "user", "assistant", "user"]
+    assert ways[2][-1]["content"] == "SYSTEM-TWO\n\nsecond\n\nthird"
+    assert ways[-1][0] == {"role": "system", "content": "SYSTEM-ONE\n\nSYSTEM-TWO"}
+    assert arrangements([{"role": "user", "content": "x"}]) == [[{"role": "user", "content": "x"}]]
+
+
+@pytest.mark.parametrize("family", ["tiny_llama", "tiny_qwen3", "tiny_qwen3_5", "tiny_gemma4"])
+def test_mid_conversation_system_messages_keep_the_history_a_prefix(
+    family: str, request: pytest.FixtureRequest
+) -> None:
+    """Whatever the template allows, every text is shown and the turns before the new
+    system message render exactly as they did on the previous turn."""
+    path: Path = request.getfixturevalue(family)
+    tokenizer = load_model(str(path), lazy=True).tokenizer
+    previous = render_chat(tokenizer, MID_SYSTEM[:2])
+    now = render_chat(tokenizer, MID_SYSTEM)
+    for text in ("SYSTEM-ONE", "SYSTEM-TWO", "first question", "second", "third"):
+        assert text in now.text
+    assert previous.history_length is not None
+    assert now.ids[: previous.history_length] == previous.ids[: previous.history_length]

@@ -12,7 +12,7 @@ from typing import Any
 
 import attrs
 
-from mlxcore.settings import byte_size, log_level, positive_int, seconds, setting
+from mlxcore.settings import byte_size, json_object, log_level, positive_int, seconds, setting
 
 COMMON, ENGINE, PARSERS, HTTP = "common", "engine", "parsers", "http"
 """Flag groups: every command / model-serving commands / their parsers / ``serve`` only."""
@@ -112,6 +112,17 @@ class ServerConfig:
         "auto", flag="--reasoning-parser", group=PARSERS, metavar="NAME",
         help="reasoning parser name, or auto",
     )  # fmt: skip
+    default_chat_template_kwargs: Mapping[str, Any] = setting(
+        attrs.Factory(dict), flag="--default-chat-template-kwargs", group=PARSERS,
+        type=json_object, metavar="JSON",
+        help='chat template variables for requests that do not set them, e.g. '
+        '\'{"enable_thinking": false}\' (a request\'s own chat_template_kwargs win)',
+    )  # fmt: skip
+    refuse_unrenderable_tools: bool = setting(
+        False, flag="--refuse-unrenderable-tools", group=PARSERS, action="store_true",
+        help="answer 400 to a request with tools when the model's chat template cannot show "
+        "tools to the model (default: serve it without them and log a warning)",
+    )  # fmt: skip
     # -- http (serve) --------------------------------------------------------
     host: str = setting(
         "127.0.0.1", flag="--host", group=HTTP,
@@ -122,7 +133,23 @@ class ServerConfig:
     )
     served_model_name: tuple[str, ...] = setting(
         (), flag="--served-model-name", group=HTTP, nargs="+", metavar="NAME", converter=tuple,
-        help="model name(s) clients use (default: the model argument)",
+        help="model name(s) clients may use; the first is the one responses report "
+        "(default: the model's name)",
+    )  # fmt: skip
+    accept_any_model_name: bool = setting(
+        False, flag="--accept-any-model-name", group=HTTP, action="store_true",
+        help="serve requests whatever model name they give (agents ask for their vendor's "
+        "names); responses report the name asked for",
+    )  # fmt: skip
+    responses_store_bytes: int = setting(
+        64 * 1024 * 1024, flag="--responses-store-size", group=HTTP, type=byte_size,
+        metavar="SIZE",
+        help="memory for stored Responses API responses (previous_response_id, GET); least "
+        "recently used go first (default 64MiB; 0: store nothing)",
+    )  # fmt: skip
+    responses_ttl: float = setting(
+        3600.0, flag="--responses-ttl", group=HTTP, type=seconds, metavar="SECONDS",
+        help="a stored response unused this long is forgotten (default 3600; 0: no limit)",
     )  # fmt: skip
     api_key: str | None = setting(
         None, flag="--api-key", group=HTTP,

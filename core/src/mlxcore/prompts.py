@@ -50,6 +50,103 @@ def _render(
     return text
 
 
+Messages = list[dict[str, Any]]
+
+
+def _joined(before: Any, after: Any) -> Any:
+    if isinstance(before, str) and isinstance(after, str):
+        return before + "\n\n" + after
+
+    def parts(content: Any) -> list[Any]:
+        return list(content) if isinstance(content, list) else [{"type": "text", "text": content}]
+
+    return [*parts(before), {"type": "text", "text": "\n\n"}, *parts(after)]
+
+
+def _later_systems_as_user(messages: Messages) -> Messages:
+    return [
+        {**m, "role": "user"} if m["role"] == "system" and i > 0 else m
+        for i, m in enumerate(messages)
+    ]
+
+
+def _merge_consecutive_users(messages: Messages) -> Messages:
+    out: Messages = []
+    for m in messages:
+        if out and m["role"] == "user" and out[-1]["role"] == "user" and "name" not in m:
+            out[-1] = {**out[-1], "content": _joined(out[-1]["content"], m["content"])}
+        else:
+            out.append(dict(m))
+    return out
+
+
+def _systems_hoisted(messages: Messages) -> Messages:
+    systems = [m["content"] for m in messages if m["role"] == "system"]
+    rest = _merge_consecutive_users([m for m in messages if m["role"] != "system"])
+    if not systems:
+        return rest
+    joined = systems[0]
+    for more in systems[1:]:
+        joined = _joined(joined, more)
+    return [{"role": "system", "content": joined}, *rest]
+
+
+def arrangements(messages: Sequence[Mapping[str, Any]]) -> list[Messages]:
+    """The ways to show ``messages`` to a chat template, least changed first.
+
+    As sent (system messages where they are, consecutive user messages apart), so the
+    history renders the same next turn; then a later system message as a user message;
+    then consecutive user messages merged (templates that demand alternating roles);
+    last, every system message hoisted to the front. Only the variants that differ
+    from the ones before are listed.
+    """
+    sent = [dict(m) for m in messages]
+    out = [sent]
+    for candidate in (
+        _later_systems_as_user(sent),
+        _merge_consecutive_users(_later_systems_as_user(sent)),
+        _systems_hoisted(sent),
+    ):
+        if all(candidate != seen for seen in out):
+            out.append(candidate)
+    return out
+
+
+def _shows_all(text: str, messages: Messages) -> bool:
+    """Every system and user text made it into the rendered prompt (some templates
+    silently drop a system message that is not first)."""
+    for m in messages:
+        content = m.get("content")
+        shown = not isinstance(content, str) or content.strip() in text
+        if m["role"] in ("system", "user") and not shown:
+            return False
+    return True
+
+
+def _render_arranged(
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None,
+    kwargs: Mapping[str, Any],
+) -> tuple[Messages, str]:
+    """The first arrangement the template renders completely, and its text."""
+    first: tuple[Messages, str] | None = None
+    error: Exception | None = None
+    for candidate in arrangements(messages):
+        try:
+            text = _render(tokenizer, candidate, tools, True, kwargs)
+        except Exception as exc:  # the template refuses this arrangement (raise_exception)
+            error = error or exc
+            continue
+        if _shows_all(text, candidate):
+            return candidate, text
+        first = first or (candidate, text)
+    if first is not None:
+        return first
+    assert error is not None
+    raise error
+
+
 def render_chat(
     tokenizer: Any,
     messages: Sequence[Mapping[str, Any]],
@@ -58,10 +155,13 @@ def render_chat(
     **template_kwargs: Any,
 ) -> RenderedPrompt:
     """Apply the tokenizer's chat template with the generation prompt, tokenize, and
-    find where the conversation history ends."""
+    find where the conversation history ends.
+
+    The messages are rendered as sent when the template allows it, else in the first
+    of :func:`arrangements` it renders in full."""
     if not getattr(tokenizer, "chat_template", None):
         raise MlxcoreError("the model has no chat template; use raw completions instead")
-    text = _render(tokenizer, messages, tools, True, template_kwargs)
+    messages, text = _render_arranged(tokenizer, messages, tools, template_kwargs)
     history = _render(tokenizer, messages, tools, False, template_kwargs)
     if not text.startswith(history) or history == text:
         return RenderedPrompt(text, tokenizer.encode(text, add_special_tokens=False))

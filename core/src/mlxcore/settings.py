@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import builtins
+import json
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, cast
 
@@ -95,7 +96,7 @@ def add_flags(
         target = (containers or {}).get(flag.group, parser)
         kwargs: dict[str, Any] = {
             "dest": prefix + field.name,
-            "default": field.default,
+            "default": _default(field),
             "help": flag.help,
         }
         for key in ("type", "metavar", "nargs", "action", "choices"):
@@ -107,6 +108,11 @@ def add_flags(
         target.add_argument(flag.name, **kwargs)
         added.append(prefix + field.name)
     return added
+
+
+def _default(field: attrs.Attribute[Any]) -> Any:
+    default: Any = field.default
+    return default.factory() if isinstance(default, attrs.Factory) else default  # type: ignore[arg-type]
 
 
 def read_settings(config: Any, cls: type[T], *, prefix: str = "") -> T:
@@ -164,6 +170,17 @@ def byte_size(text: str) -> int:
     if unit not in _BYTE_UNITS or not 0 <= size < 2**50:
         raise argparse.ArgumentTypeError(f"expected a size such as 512MB or 2GiB, got {text!r}")
     return int(size * _BYTE_UNITS[unit])
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """A JSON object, e.g. ``{"enable_thinking": false}``."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
 
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")

@@ -207,3 +207,89 @@ def test_image_block_on_a_text_model_is_400_naming_it(client: anthropic.Anthropi
         client.messages.create(model="tiny", max_tokens=4, messages=messages)
     assert "does not take images" in str(info.value)
     assert "messages[0].content[1]" in str(info.value)
+
+
+# -- what agents send (Claude Code) ---------------------------------------------------------
+
+
+def test_system_messages_inside_messages_are_accepted_and_keep_the_prefix(
+    client: anthropic.Anthropic,
+) -> None:
+    """Claude Code puts ``role: system`` reminders among the messages for a model it does
+    not know; the turns before them still come from the prefix cache."""
+    history: list[Any] = [
+        {"role": "user", "content": "What is two plus two? " * 20},
+        {"role": "assistant", "content": "Four."},
+    ]
+    first = ask(client, "Four.", messages=history[:1])
+    assert first.content[0].text == "Four."
+    follow = ask(
+        client,
+        "Six.",
+        messages=[
+            *history,
+            {"role": "system", "content": "<system-reminder>be brief</system-reminder>"},
+            {"role": "user", "content": "And 3+3?"},
+        ],
+    )
+    assert follow.content[0].text == "Six."
+    assert (follow.usage.cache_read_input_tokens or 0) >= first.usage.input_tokens - 4
+
+
+def test_adaptive_thinking_turns_thinking_on(client: anthropic.Anthropic) -> None:
+    msg = client.messages.create(
+        model="tiny",
+        max_tokens=64,
+        messages=[{"role": "user", "content": "Hi"}],
+        extra_body={
+            "test_script": "<think>\nhmm\n</think>\n\nHello.",
+            "thinking": {"type": "adaptive"},
+        },
+    )
+    assert [b.type for b in msg.content] == ["thinking", "text"]
+    assert msg.content[0].thinking.strip() == "hmm"  # type: ignore[union-attr]
+
+
+def test_stream_usage_agrees_between_message_start_and_message_delta(
+    client: anthropic.Anthropic,
+) -> None:
+    system = "You answer in one word. " * 30
+    messages = [{"role": "user", "content": "Colour of the sky?"}]
+    ask(client, "Blue.", system=system, messages=messages)  # fills the prefix cache
+    with client.messages.stream(
+        model="tiny",
+        max_tokens=16,
+        system=system,
+        messages=messages,
+        extra_body={"test_script": "Blue."},
+    ) as stream:
+        events = list(stream)
+    start = next(e for e in events if e.type == "message_start").message.usage
+    delta = next(e for e in events if e.type == "message_delta").usage
+    assert (start.cache_read_input_tokens or 0) > 0
+    assert start.input_tokens == delta.input_tokens
+    assert start.cache_read_input_tokens == delta.cache_read_input_tokens
+
+
+def test_cache_control_blocks_and_beta_headers_are_tolerated(client: anthropic.Anthropic) -> None:
+    msg = client.messages.create(
+        model="tiny",
+        max_tokens=16,
+        system=[{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}],
+        messages=[
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "Hi", "cache_control": {"type": "ephemeral"}}],
+            }
+        ],
+        metadata={"user_id": "someone"},
+        extra_headers={"anthropic-beta": "prompt-caching-2024-07-31,interleaved-thinking"},
+        extra_body={"test_script": "Hello."},
+    )
+    assert msg.content[0].text == "Hello."  # type: ignore[union-attr]
+
+
+def test_head_and_get_root_answer_200(server: Any) -> None:
+    assert httpx.head(server.base_url + "/", timeout=10).status_code == 200
+    root = httpx.get(server.base_url + "/", timeout=10)
+    assert root.status_code == 200 and root.json()["name"] == "mlxcore"

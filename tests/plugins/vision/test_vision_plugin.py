@@ -131,13 +131,9 @@ def test_content_parts_become_placeholders_and_media_parts() -> None:
         Message(role="user", content=[{"type": "text", "text": "a"}, image]),
     ]
     out, parts = normalize_chat(messages, handler)
-    assert out[1]["content"] == [
-        {"type": "image"},
-        {"type": "text", "text": "What is it?"},
-        {"type": "text", "text": "\n\n"},
-        {"type": "text", "text": "And the colour?"},
-    ]
-    assert out[3]["content"] == [{"type": "text", "text": "a"}, {"type": "image"}]
+    assert out[1]["content"] == [{"type": "image"}, {"type": "text", "text": "What is it?"}]
+    assert out[2]["content"] == "And the colour?"  # consecutive user messages stay apart
+    assert out[4]["content"] == [{"type": "text", "text": "a"}, {"type": "image"}]
     assert [p.where for p in parts] == ["messages[1].content[0]", "messages[4].content[1]"]
     with pytest.raises(APIError, match="system messages cannot contain media") as err:
         normalize_chat([Message(role="system", content=[image])], handler)

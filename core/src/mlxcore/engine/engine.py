@@ -377,9 +377,6 @@ class Engine:
                     admitted = [] if self._stopping else self._take_waiting(loop)
                 self._busy_since = time.monotonic()
                 try:
-                    for handle in admitted:
-                        if handle.on_admitted is not None:
-                            handle.on_admitted()
                     loop.iterate(admitted)
                 except Exception as exc:
                     self._busy_since = None

@@ -158,10 +158,12 @@ class BatchLoop:
             if req.cache_key is not None and len(req.cache_key) != len(req.prompt_tokens):
                 raise ValueError("cache_key must be as long as the prompt")
             lookup = self.cache.lookup(req.cache_tokens)
-            usage.cached_tokens = lookup.cached_tokens
+            usage.cached_tokens = handle.cached_tokens = lookup.cached_tokens
             live.task = PrefillTask(req, lookup.cache, lookup.cached_tokens)
             live.task.snapshot = self._snapshotter(live.task)
             live.prefill = self.prefill.prefill(live.task)
+            if handle.on_admitted is not None:
+                handle.on_admitted()
         except Exception as exc:
             self.fail(live, exc)
             return

@@ -33,7 +33,7 @@ from mlxcore.server.service import GenerationService
 
 log = logging.getLogger(__name__)
 
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", "/"})
 
 
 @get("/health")
@@ -69,6 +69,21 @@ async def health(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
 @head("/health")
 async def health_head() -> None:
     """``HEAD /health`` for load balancers and uptime probes: 200, no body."""
+
+
+@get("/")
+async def root(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    """``GET /``: what this server is (clients such as Claude Code probe it)."""
+    svc: GenerationService = request.app.state.service
+    body: dict[str, Any] = {"object": "server", "name": "mlxcore", "status": "ok"}
+    if not svc.config.api_key:
+        body["model"] = served_names(svc)[0]
+    return body
+
+
+@head("/")
+async def root_head() -> None:
+    """``HEAD /``: 200, no body (a reachability probe)."""
 
 
 @get("/metrics", media_type="text/plain; version=0.0.4")
@@ -128,7 +143,7 @@ def create_app(runtime: Runtime, hooks: PluginHooks) -> Litestar:
     config = runtime.config
     service = GenerationService(runtime, Metrics(lambda: engine_gauges(runtime.engine)))
     core = RouteTable()
-    core.add("mlxcore", [health, health_head, metrics])
+    core.add("mlxcore", [root, root_head, health, health_head, metrics])
     routes = hooks.routes(config, core).handlers
     document = openapi_document(routes)
     page = docs_page(document)

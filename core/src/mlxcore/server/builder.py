@@ -17,6 +17,7 @@ same way for all of them, on the service's preparation pool:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -29,6 +30,8 @@ from mlxcore.parsers.base import ToolParser
 from mlxcore.server.errors import APIError, invalid
 from mlxcore.server.frontend import validated_options
 from mlxcore.server.service import Generation, GenerationService
+
+log = logging.getLogger("mlxcore.server")
 
 RESERVED_OPTIONS = (structured.OPTION, structured.START_AFTER_OPTION)
 """Engine options only the builder sets (never taken from a client's body)."""
@@ -163,9 +166,30 @@ def _thinks_first(svc: GenerationService, prompt: ChatPrompt | TextPrompt) -> bo
     return prompt.template_kwargs.get("enable_thinking") is not False
 
 
+def with_server_defaults(svc: GenerationService, prompt: ChatPrompt) -> ChatPrompt:
+    """``prompt`` with the server's default template variables under its own
+    (``--default-chat-template-kwargs``), and its tools dropped (with a warning, or a
+    400 under ``--refuse-unrenderable-tools``) when the template cannot show tools."""
+    defaults = svc.config.default_chat_template_kwargs
+    if defaults:
+        prompt = attrs.evolve(prompt, template_kwargs={**defaults, **prompt.template_kwargs})
+    if prompt.tools and not svc.runtime.info.template_mentions("tools"):
+        if svc.config.refuse_unrenderable_tools:
+            raise invalid("this model's chat template cannot show tools to the model", "tools")
+        log.warning(
+            "the request has %d tools but the model's chat template does not render tools; "
+            "serving it without them (--refuse-unrenderable-tools makes this a 400)",
+            len(prompt.tools),
+        )
+        prompt = attrs.evolve(prompt, tools=None)
+    return prompt
+
+
 def build_generations(svc: GenerationService, spec: RequestSpec) -> list[Generation]:
     """Prepare one :class:`Generation` per choice of ``spec`` (runs on the preparation
     pool: see :meth:`GenerationService.prepare`)."""
+    if isinstance(spec.prompt, ChatPrompt):
+        spec = attrs.evolve(spec, prompt=with_server_defaults(svc, spec.prompt))
     extras = {k: v for k, v in spec.extras.items() if k not in RESERVED_OPTIONS}
     plugin_options = validated_options(svc, extras)
     prompt = prepare_prompt(svc, spec.prompt, plugin_options)

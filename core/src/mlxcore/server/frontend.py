@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
 from litestar import Request
 
 from mlxcore.errors import OptionError
+from mlxcore.models.default import DEFAULT_MODEL_NAME
 from mlxcore.server.errors import APIError, from_validation, invalid
 from mlxcore.server.service import GenerationService
 
@@ -114,14 +116,28 @@ async def unless_disconnected(request: Request[Any, Any, Any], work: Awaitable[T
     raise APIError(499, "the client closed the connection", code="client_closed_request")
 
 
+def model_name(source: str) -> str:
+    """The name a model is served under by default: a Hub repo id as given, a folder's
+    or a GGUF file's own name (never a local path)."""
+    path = Path(source)
+    if path.is_absolute() or source.startswith((".", "~")) or path.exists():
+        return path.stem if path.suffix == ".gguf" else path.name or source
+    return source
+
+
 def served_names(svc: GenerationService) -> list[str]:
     """The names clients may use for the model (first is the primary)."""
-    return list(svc.config.served_model_name) or [svc.config.model or svc.runtime.info.source]
+    if svc.config.served_model_name:
+        return list(svc.config.served_model_name)
+    if svc.config.model is None:
+        return [DEFAULT_MODEL_NAME]
+    return [model_name(svc.config.model)]
 
 
 def check_model(svc: GenerationService, model: str | None) -> None:
-    """404 for a model name this server does not serve (``None`` means the default)."""
-    if model is None or model == "":
+    """404 for a model name this server does not serve (``None`` means the default;
+    with ``--accept-any-model-name`` every name is served)."""
+    if model is None or model == "" or svc.config.accept_any_model_name:
         return
     names = served_names(svc)
     if model not in names:
@@ -134,5 +150,5 @@ def check_model(svc: GenerationService, model: str | None) -> None:
 
 
 def served_name(svc: GenerationService, model: str | None) -> str:
-    """The name to report in responses."""
+    """The name to report in responses: the one asked for, else the primary name."""
     return model or served_names(svc)[0]

@@ -195,8 +195,14 @@ def chat_messages(
             out.extend(_user(message, where, media, parts))
         elif message.role == "assistant":
             out.append(_assistant(message, where))
+        elif message.role == "system":
+            # Claude Code puts system reminders among the messages for models it does
+            # not know; they stay in place (see mlxcore.prompts.arrangements)
+            out.append({"role": "system", "content": _text(message.content, f"{where}.content")})
         else:
-            raise invalid(f"role must be user or assistant, got {message.role!r}", f"{where}.role")
+            raise invalid(
+                f"role must be user, assistant or system, got {message.role!r}", f"{where}.role"
+            )
     return out
 
 
@@ -229,9 +235,14 @@ def sampling(body: MessagesRequest) -> SamplingParams:
     return SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k)
 
 
+THINKING_ON = ("enabled", "adaptive")
+"""``thinking.type`` values that turn the model's thinking on (``adaptive``: the model
+decides how much to think; a local template has only on and off)."""
+
+
 def thinking_enabled(body: MessagesRequest) -> bool:
-    """True when the request asks for extended thinking."""
-    return body.thinking is not None and body.thinking.type == "enabled"
+    """True when the request asks for extended (or adaptive) thinking."""
+    return body.thinking is not None and body.thinking.type in THINKING_ON
 
 
 def tool_input(arguments: str) -> dict[str, Any]:

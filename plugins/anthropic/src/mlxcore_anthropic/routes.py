@@ -8,6 +8,7 @@ from typing import Any
 from litestar import Request, Response, Router, post
 
 from mlxcore import structured
+from mlxcore.engine.events import Usage
 from mlxcore.media import MediaPart
 from mlxcore.output import OutputDelta
 from mlxcore.server import builder
@@ -49,7 +50,11 @@ def chat_prompt(svc: GenerationService, body: MessagesRequest | CountTokensReque
             tools = None
         elif choice not in ("auto", "any", "tool"):
             raise invalid(f"unknown tool_choice type {choice!r}", "tool_choice.type")
-    kwargs = {"enable_thinking": body.thinking is not None and body.thinking.type == "enabled"}
+    kwargs: dict[str, Any] = {}
+    if body.thinking is not None:
+        kwargs["enable_thinking"] = convert.thinking_enabled(body)
+    elif "enable_thinking" not in svc.config.default_chat_template_kwargs:
+        kwargs["enable_thinking"] = False  # Anthropic: no thinking unless asked for
     return ChatPrompt(messages, tools, kwargs, parts)
 
 
@@ -111,7 +116,10 @@ async def messages(request: Request[Any, Any, Any]) -> Any:
     gen = await svc.prepare(build_generation, svc, body, extras)
     deltas = await unless_disconnected(request, svc.start(gen))
     model = served_name(svc, body.model)
-    show_thinking = convert.thinking_enabled(body)
+    show_thinking = convert.thinking_enabled(body) or (
+        body.thinking is None
+        and svc.config.default_chat_template_kwargs.get("enable_thinking") is True
+    )
     if body.stream:
         return event_stream(_events(gen, deltas, model, show_thinking), error_event)
     out = await unless_disconnected(request, collect(deltas))
@@ -131,7 +139,8 @@ async def messages(request: Request[Any, Any, Any]) -> Any:
 async def _events(
     gen: Generation, deltas: AsyncIterator[OutputDelta], model: str, show_thinking: bool
 ) -> AsyncIterator[bytes]:
-    start_usage = {"input_tokens": len(gen.request.prompt_tokens), "output_tokens": 0}
+    cached = gen.handle.cached_tokens if gen.handle is not None else 0
+    start_usage = usage_body(Usage(len(gen.request.prompt_tokens), 0, cached))
     message: dict[str, Any] = {
         "id": gen.request.request_id,
         "type": "message",
@@ -165,7 +174,11 @@ async def count_tokens(request: Request[Any, Any, Any]) -> dict[str, int]:
     svc = service_of(request)
     body = await decode_body(request, CountTokensRequest)
     check_model(svc, body.model)
-    prompt = await svc.prepare(lambda: builder.prepare_prompt(svc, chat_prompt(svc, body), {}))
+    prompt = await svc.prepare(
+        lambda: builder.prepare_prompt(
+            svc, builder.with_server_defaults(svc, chat_prompt(svc, body)), {}
+        )
+    )
     return {"input_tokens": len(prompt.ids)}
 
 

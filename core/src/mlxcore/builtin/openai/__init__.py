@@ -10,8 +10,10 @@ from mlxcore.config import ServerConfig
 
 @hookimpl(trylast=True)
 def mlxcore_routes(config: ServerConfig) -> list[Any]:
-    """``/v1/chat/completions``, ``/v1/completions`` and ``/v1/models``."""
+    """``/v1/chat/completions``, ``/v1/completions``, ``/v1/models`` and the Responses
+    API (``/v1/responses`` and its stored-response routes)."""
     from mlxcore.builtin.openai.chat import chat_completions
     from mlxcore.builtin.openai.completions import completions, list_models
+    from mlxcore.builtin.openai.responses.routes import ROUTES
 
-    return [chat_completions, completions, list_models]
+    return [chat_completions, completions, list_models, *ROUTES]

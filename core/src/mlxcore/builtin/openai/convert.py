@@ -131,10 +131,6 @@ def _content_of(
     return "\n".join(texts) if len(texts) > 1 else "".join(texts)
 
 
-def _as_parts(content: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return list(content) if isinstance(content, list) else [{"type": "text", "text": content}]
-
-
 def _tool_calls(calls: list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
     """Assistant tool calls for the template, with arguments as a mapping."""
     out = []
@@ -161,12 +157,15 @@ def normalize_chat(
 ) -> tuple[list[dict[str, Any]], list[MediaPart]]:
     """Messages as chat templates expect them, and their media parts.
 
-    ``developer`` becomes ``system``; system messages move to the front (merged
-    into one); consecutive user (or system) messages are merged. Without a media
-    handler (``media`` is ``None``) content-part lists are flattened to text and a
-    media part is refused; with one, user, assistant and tool messages may hold the
-    parts ``media`` accepts: they are replaced by the handler's placeholders for
-    the template and returned in prompt order."""
+    ``developer`` becomes ``system``; the system messages before the first other message
+    become one. Later system messages and consecutive user messages stay where they are:
+    the conversation already sent must render the same way next turn (the prefix cache
+    depends on it); :func:`mlxcore.prompts.render_chat` rearranges only when the
+    model's template cannot render them. Without a media handler (``media`` is
+    ``None``) content-part lists are flattened to text and a media part is refused;
+    with one, user, assistant and tool messages may hold the parts ``media`` accepts:
+    they are replaced by the handler's placeholders for the template and returned in
+    prompt order."""
     parts: list[MediaPart] = []
     if not messages:
         raise invalid("messages must not be empty", "messages")
@@ -184,7 +183,11 @@ def normalize_chat(
                         raise invalid(
                             "system messages cannot contain media", f"{where}.content[{j}]"
                         )
-            system.append(_text_of(msg.content, where))
+            instruction = _text_of(msg.content, where)
+            if out:
+                out.append({"role": "system", "content": instruction})
+            else:
+                system.append(instruction)
             continue
         text = _content_of(msg.content, where, media, parts)
         item: dict[str, Any] = {"role": "tool" if role == "function" else role, "content": text}
@@ -197,14 +200,6 @@ def normalize_chat(
         thinking = msg.reasoning_content or msg.reasoning
         if thinking:
             item["reasoning_content"] = thinking
-        if out and role == "user" and out[-1]["role"] == "user" and "name" not in item:
-            before = out[-1]["content"]
-            if isinstance(before, str) and isinstance(text, str):
-                out[-1]["content"] = before + "\n\n" + text
-            else:
-                joint = {"type": "text", "text": "\n\n"}
-                out[-1]["content"] = [*_as_parts(before), joint, *_as_parts(text)]
-            continue
         out.append(item)
     if system:
         out.insert(0, {"role": "system", "content": "\n\n".join(system)})

@@ -1,0 +1,1 @@
+"""The OpenAI Responses API front end (``/v1/responses``)."""

@@ -1,0 +1,269 @@
+"""Responses API items: input items to chat-template messages, tools to template tools,
+and the reasoning item's portable form.
+
+An input is a string (one user message) or a list of items: messages (``input_text`` /
+``output_text`` / ``input_image`` parts; roles user, assistant, system, developer),
+``function_call`` and ``function_call_output`` items, ``reasoning`` items. They become
+the OpenAI-style message list the chat templates read: a ``function_call`` joins the
+assistant message before it as a ``tool_calls`` entry, a ``reasoning`` item becomes the
+next assistant message's ``reasoning_content``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from mlxcore.media import MediaHandler, MediaPart
+from mlxcore.server.errors import invalid
+
+log = logging.getLogger("mlxcore.responses")
+
+MESSAGE_ROLES = {"user", "assistant", "system", "developer"}
+TEXT_PARTS = {"input_text", "output_text", "text", "summary_text", "reasoning_text"}
+REASONING_PREFIX = "mlxcore-reasoning:"
+"""``encrypted_content`` of our reasoning items: the text, base64, readable back by us."""
+
+
+def encode_reasoning(text: str) -> str:
+    """The reasoning text in the form a client sends back (``encrypted_content``)."""
+    return REASONING_PREFIX + base64.b64encode(text.encode()).decode()
+
+
+def decode_reasoning(value: str) -> str | None:
+    """The text of :func:`encode_reasoning`, or ``None`` for another server's blob."""
+    if not value.startswith(REASONING_PREFIX):
+        return None
+    try:
+        return base64.b64decode(value[len(REASONING_PREFIX) :], validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+
+
+def as_items(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``input`` as a list of items (a string is one user message; an empty one, none)."""
+    if isinstance(value, str):
+        if not value:
+            return []
+        return [{"type": "message", "role": "user", "content": value}]
+    return list(value)
+
+
+class _Messages:
+    """Builds the message list, attaching calls and reasoning to assistant turns."""
+
+    def __init__(self, media: MediaHandler | None, parts: list[MediaPart]) -> None:
+        self.out: list[dict[str, Any]] = []
+        self.media, self.parts = media, parts
+        self.reasoning: list[str] = []
+
+    def _assistant(self) -> dict[str, Any]:
+        """The assistant message to extend: the last one, unless a user turn followed."""
+        last = self.out[-1] if self.out else None
+        if last is None or last["role"] != "assistant":
+            last = {"role": "assistant", "content": ""}
+            self.out.append(last)
+        if self.reasoning:
+            last["reasoning_content"] = "\n".join(self.reasoning)
+            self.reasoning = []
+        return last
+
+    def message(self, item: Mapping[str, Any], where: str) -> None:
+        role = item.get("role")
+        if role not in MESSAGE_ROLES:
+            raise invalid(
+                f"role must be one of {', '.join(sorted(MESSAGE_ROLES))}, got {role!r}",
+                f"{where}.role",
+            )
+        content = self._content(item.get("content"), where, media_ok=role == "user")
+        if role == "assistant":
+            target = self._assistant()
+            if target["content"] or target.get("tool_calls"):
+                target = {"role": "assistant", "content": ""}
+                self.out.append(target)
+            target["content"] = content
+            return
+        self.out.append({"role": "system" if role == "developer" else role, "content": content})
+
+    def _content(self, content: Any, where: str, *, media_ok: bool) -> Any:
+        if content is None or isinstance(content, str):
+            return content or ""
+        if not isinstance(content, list):
+            raise invalid("content must be a string or a list of parts", f"{where}.content")
+        pieces: list[dict[str, Any]] = []
+        for i, part in enumerate(content):
+            at = f"{where}.content[{i}]"
+            kind = part.get("type") if isinstance(part, Mapping) else None
+            if kind in TEXT_PARTS or kind == "refusal":
+                text = part.get("text", part.get("refusal"))
+                if not isinstance(text, str):
+                    raise invalid("a text part needs text", f"{at}.text")
+                pieces.append({"type": "text", "text": text})
+            elif kind == "input_image" and media_ok and self.media is not None:
+                url = part.get("image_url")
+                if not isinstance(url, str) or not url:
+                    raise invalid("input_image needs an image_url (a URL or data URL)", at)
+                chat_part = {"type": "image_url", "image_url": {"url": url}}
+                if chat_part["type"] not in self.media.part_types:
+                    raise invalid("this model does not take images", f"{at}.type")
+                self.parts.append(MediaPart(chat_part, at))
+                pieces.append(self.media.placeholder(chat_part))
+            else:
+                what = "this model" if self.media is not None else "this text-only model"
+                raise invalid(f"content part type {kind!r} is not supported by {what}", at)
+        if any(p.get("type") != "text" for p in pieces):
+            return pieces
+        return (
+            "\n".join(p["text"] for p in pieces)
+            if len(pieces) > 1
+            else (pieces[0]["text"] if pieces else "")
+        )
+
+    def function_call(self, item: Mapping[str, Any], where: str) -> None:
+        name, call_id = item.get("name"), item.get("call_id")
+        if not isinstance(name, str) or not name:
+            raise invalid("a function_call item needs a name", f"{where}.name")
+        if not isinstance(call_id, str) or not call_id:
+            raise invalid("a function_call item needs a call_id", f"{where}.call_id")
+        arguments: Any = item.get("arguments", "")
+        if not isinstance(arguments, str):
+            raise invalid("function_call arguments must be a JSON string", f"{where}.arguments")
+        try:
+            parsed = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError:
+            parsed = arguments
+        call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": parsed}}
+        self._assistant().setdefault("tool_calls", []).append(call)
+
+    def function_call_output(self, item: Mapping[str, Any], where: str) -> None:
+        call_id = item.get("call_id")
+        if not isinstance(call_id, str) or not call_id:
+            raise invalid("a function_call_output item needs a call_id", f"{where}.call_id")
+        output = item.get("output", "")
+        if isinstance(output, list):
+            output = self._content(output, where + ".output", media_ok=False)
+            if isinstance(output, list):
+                raise invalid("function_call_output must be text", f"{where}.output")
+        elif not isinstance(output, str):
+            output = json.dumps(output)
+        self.out.append({"role": "tool", "tool_call_id": call_id, "content": output})
+
+    def reasoning_item(self, item: Mapping[str, Any], where: str) -> None:
+        texts = [
+            str(part.get("text", ""))
+            for part in (item.get("content") or [])
+            if isinstance(part, Mapping) and part.get("type") == "reasoning_text"
+        ]
+        if not texts and isinstance(item.get("encrypted_content"), str):
+            decoded = decode_reasoning(item["encrypted_content"])
+            texts = [decoded] if decoded else []
+        if not texts:
+            texts = [
+                str(part.get("text", ""))
+                for part in (item.get("summary") or [])
+                if isinstance(part, Mapping)
+            ]
+        if not isinstance(item.get("summary", []), list):
+            raise invalid("a reasoning item's summary must be a list", f"{where}.summary")
+        self.reasoning.extend(t for t in texts if t)
+
+
+def chat_messages(
+    items: Sequence[Mapping[str, Any]],
+    media: MediaHandler | None = None,
+    parts: list[MediaPart] | None = None,
+    *,
+    field: str = "input",
+) -> list[dict[str, Any]]:
+    """Input items as a chat-template message list (media parts appended to ``parts``)."""
+    builder = _Messages(media, [] if parts is None else parts)
+    for i, item in enumerate(items):
+        where = f"{field}[{i}]"
+        if not isinstance(item, Mapping):
+            raise invalid("each input item must be an object", where)
+        kind = item.get("type", "message")
+        if kind == "message":
+            builder.message(item, where)
+        elif kind == "function_call":
+            builder.function_call(item, where)
+        elif kind == "function_call_output":
+            builder.function_call_output(item, where)
+        elif kind == "reasoning":
+            builder.reasoning_item(item, where)
+        else:
+            raise invalid(
+                f"input item type {kind!r} is not supported (message, function_call, "
+                "function_call_output, reasoning)",
+                f"{where}.type",
+            )
+    return builder.out
+
+
+HOSTED_TOOLS = frozenset(
+    {
+        "web_search",
+        "web_search_preview",
+        "file_search",
+        "code_interpreter",
+        "computer_use_preview",
+        "image_generation",
+        "local_shell",
+        "mcp",
+        "custom",
+        "tool_search",
+    }
+)
+
+
+def template_tools(
+    tools: Sequence[Mapping[str, Any]] | None,
+) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """Function tools (``namespace`` groups flattened) in the chat templates' shape, and
+    each namespaced function's namespace. Tools this server cannot run locally (hosted
+    ones such as ``web_search``, freeform ``custom`` tools) are skipped with a warning."""
+    out: list[dict[str, Any]] = []
+    namespaces: dict[str, str] = {}
+    skipped: list[str] = []
+
+    def add(tool: Mapping[str, Any], where: str, namespace: str | None) -> None:
+        kind = tool.get("type", "function")
+        if kind == "namespace":
+            inner = tool.get("tools")
+            if not isinstance(inner, list):
+                raise invalid("a namespace tool needs a tools list", f"{where}.tools")
+            for j, sub in enumerate(inner):
+                add(sub, f"{where}.tools[{j}]", str(tool.get("name") or ""))
+            return
+        if kind != "function":
+            skipped.append(str(kind))
+            return
+        name = tool.get("name")
+        if not isinstance(name, str) or not name:
+            raise invalid("a function tool needs a name", f"{where}.name")
+        function: dict[str, Any] = {"name": name, "parameters": tool.get("parameters") or {}}
+        if tool.get("description"):
+            function["description"] = tool["description"]
+        out.append({"type": "function", "function": function})
+        if namespace:
+            namespaces[name] = namespace
+
+    for i, tool in enumerate(tools or []):
+        if not isinstance(tool, Mapping):
+            raise invalid("each tool must be an object", f"tools[{i}]")
+        add(tool, f"tools[{i}]", None)
+    if skipped:
+        log.warning(
+            "skipped tools this server cannot run locally: %s", ", ".join(sorted(set(skipped)))
+        )
+    return out, namespaces
+
+
+def item_size(item: Any) -> int:
+    """Bytes of an item as JSON (what the response store counts)."""
+    return len(msgspec.json.encode(item))
