@@ -10,7 +10,7 @@ PY := .venv/bin/python
 export UV_PYTHON_DOWNLOADS := never
 PYTEST_ARGS ?=
 
-.PHONY: setup serve generate test lint typecheck docs bench reliability clean
+.PHONY: setup serve generate test lint typecheck docs bench reliability agents-e2e clean
 
 $(UV):
 	python3 -m venv .tools/uv
@@ -47,6 +47,11 @@ test: setup lint typecheck
 # disconnect storm, fault injection and a 10-minute soak; ARGS=--smoke for a 2-minute subset.
 reliability: setup
 	$(PY) scripts/reliability $(ARGS)
+
+# The real agent CLIs (Codex, Claude Code, OpenCode from the npm registry) against a real
+# server (not part of `make test`); LATEST=1 uses the newest versions. See docs/agents.md.
+agents-e2e: setup
+	$(PY) scripts/agents_e2e.py
 
 clean:
 	rm -rf .venv .tools .pytest_cache .mypy_cache .ruff_cache

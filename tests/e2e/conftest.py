@@ -36,3 +36,17 @@ def live_qwen_server(qwen_server: Server) -> Iterator[Server]:
     """``qwen_server``, checked to be still running after the test."""
     yield qwen_server
     assert qwen_server.alive(), f"the server died:\n{qwen_server.log()}"
+
+
+@pytest.fixture(scope="session")
+def scripted_server(mlxcore_session_server: ServerFactory, tiny_qwen3: Path) -> Server:
+    """``tiny_qwen3`` served as ``tiny`` (any other name accepted too) with the scripted
+    test plugin: a request's ``test_script`` is what the model writes."""
+    return mlxcore_session_server(
+        tiny_qwen3,
+        "--served-model-name",
+        "tiny",
+        "--accept-any-model-name",
+        "--plugin",
+        "mlxcore.testing.scripted",
+    )

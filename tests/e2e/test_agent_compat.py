@@ -6,8 +6,8 @@ would: ``--default-chat-template-kwargs '{"enable_thinking": false}'`` and
 model's name (not a path), any name is served and echoed, the server-side template
 default applies unless the request sets its own, system messages in the middle of a
 conversation and consecutive user messages keep the previous turn a cached prefix.
-A second server on the embedded default model (a template without tools) refuses tools
-under ``--refuse-unrenderable-tools``.
+(``--refuse-unrenderable-tools`` is tested on the embedded default model's server in
+test_greedy_identity.py: its template has no tools.)
 """
 
 from __future__ import annotations
@@ -16,11 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import httpx
 import openai
 import pytest
-
-from mlxcore.models.default import ensure_default_model
 
 if TYPE_CHECKING:
     from mlxcore.testing.server import Server, ServerFactory
@@ -127,24 +124,3 @@ def test_consecutive_user_messages_stay_apart_so_the_next_turn_hits_the_cache(
     assert second.choices[0].message.content == "Bye."
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert cached >= first.usage.prompt_tokens - GENERATION_PROMPT
-
-
-@pytest.fixture(scope="module")
-def toolless(mlxcore_server: ServerFactory) -> Server:
-    return mlxcore_server(ensure_default_model(), "--refuse-unrenderable-tools")
-
-
-def test_tools_the_template_cannot_show_are_refused_when_asked(toolless: Server) -> None:
-    body: dict[str, Any] = {
-        "messages": [{"role": "user", "content": "Weather?"}],
-        "max_tokens": 4,
-        "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}],
-    }
-    refused = httpx.post(f"{toolless.v1}/chat/completions", json=body, timeout=60)
-    assert refused.status_code == 400
-    assert refused.json()["error"]["param"] == "tools"
-    body.pop("tools")
-    served = httpx.post(f"{toolless.v1}/chat/completions", json=body, timeout=60)
-    assert served.status_code == 200
-    names = [m["id"] for m in httpx.get(f"{toolless.v1}/models", timeout=10).json()["data"]]
-    assert names == [ensure_default_model().name]

@@ -8,6 +8,7 @@ import concurrent.futures
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from mlx_lm import load, stream_generate
@@ -55,7 +56,7 @@ def reference(model_path: Path) -> Any:
 
 @pytest.fixture(scope="module")
 def server(mlxcore_server: ServerFactory, model_path: Path) -> Server:
-    return mlxcore_server(model_path, "--served-model-name", "smol")
+    return mlxcore_server(model_path, "--served-model-name", "smol", "--refuse-unrenderable-tools")
 
 
 @pytest.fixture(scope="module")
@@ -103,3 +104,18 @@ def test_cached_prefix_follow_up_matches_mlx_lm(client: openai.OpenAI, reference
     )
     assert raw.usage.prompt_tokens_details.cached_tokens > 200
     assert raw.choices[0].message.content == reference(follow)
+
+
+def test_tools_the_template_cannot_show_are_refused_when_asked(server: Server) -> None:
+    """SmolLM2's chat template has no tools: under ``--refuse-unrenderable-tools`` a
+    request with tools is a 400 naming them (by default: served without, and a warning)."""
+    body: dict[str, Any] = {
+        "messages": [{"role": "user", "content": "Weather?"}],
+        "max_tokens": 4,
+        "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}],
+    }
+    refused = httpx.post(f"{server.v1}/chat/completions", json=body, timeout=60)
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "tools"
+    body.pop("tools")
+    assert httpx.post(f"{server.v1}/chat/completions", json=body, timeout=60).status_code == 200

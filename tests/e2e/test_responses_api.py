@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -21,7 +20,7 @@ import openai
 import pytest
 
 if TYPE_CHECKING:
-    from mlxcore.testing.server import Server, ServerFactory
+    from mlxcore.testing.server import Server
 
 pytestmark = pytest.mark.e2e
 
@@ -51,10 +50,8 @@ PERSON = {
 
 
 @pytest.fixture(scope="module")
-def server(mlxcore_server: ServerFactory, tiny_qwen3: Path) -> Server:
-    return mlxcore_server(
-        tiny_qwen3, "--served-model-name", MODEL, "--plugin", "mlxcore.testing.scripted"
-    )
+def server(scripted_server: Server) -> Server:
+    return scripted_server
 
 
 @pytest.fixture(scope="module")

@@ -189,6 +189,7 @@ def create_app(runtime: Runtime, hooks: PluginHooks) -> Litestar:
         route_handlers=handlers,
         exception_handlers={Exception: errors},
         before_request=_auth_hook(config.api_key),
+        before_send=[service.metrics.count_response],
         cors_config=cors,
         request_max_body_size=config.max_request_body_bytes,
         lifespan=[lifespan],

@@ -77,6 +77,10 @@ class RequestSpec:
     """What the client asked for (``None``: ``default_max_tokens``, cut to the room left)."""
     default_max_tokens: int = 16
     max_tokens_field: str = "max_tokens"
+    cap_max_tokens: bool = False
+    """Cut a ``max_tokens`` beyond the context left to what is left, instead of a 400
+    (Anthropic's required ``max_tokens``: Claude Code asks for 32,000 whatever the
+    model's context)."""
     stops: Sequence[str] = ()
     stops_field: str = "stop"
     extras: Mapping[str, Any] = attrs.field(factory=dict)
@@ -131,12 +135,14 @@ def generation_budget(
     *,
     prompt_len: int = 0,
     prompt_field: str = "messages",
+    cap: bool = False,
 ) -> int:
     """The generation budget, checked against the context ``limit`` left after the prompt.
 
     Without a value the default is cut to the room left; a value below 1, or beyond that
     room, is refused (``field`` is the one the client used). A prompt that fills the
-    context by itself is refused naming ``prompt_field``.
+    context by itself is refused naming ``prompt_field``. With ``cap`` a value beyond the
+    room is cut to it (an API whose limit is a required upper bound, not a request).
     """
     room = None if limit is None else limit - prompt_len
     if room is not None and room < 1:
@@ -150,6 +156,8 @@ def generation_budget(
         return default if room is None else min(default, room)
     if value < 1:
         raise invalid(f"{field} must be at least 1", field)
+    if cap and room is not None:
+        return min(value, room)
     if room is not None and value > room:
         raise invalid(
             f"{field} {value} plus the prompt's {prompt_len} tokens exceeds the model's "
@@ -201,6 +209,7 @@ def build_generations(svc: GenerationService, spec: RequestSpec) -> list[Generat
         spec.max_tokens_field,
         prompt_len=len(prompt.ids),
         prompt_field=prompt_field,
+        cap=spec.cap_max_tokens,
     )
     options = dict(plugin_options)
     if spec.constraint is not None:

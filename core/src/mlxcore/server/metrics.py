@@ -45,10 +45,23 @@ class Metrics:
         self.generated_tokens = Counter(
             f"{PREFIX}_generation_tokens", "generated tokens", registry=r
         )
+        self.http = Counter(
+            f"{PREFIX}_http_responses",
+            "HTTP responses by route (the path template; unmatched paths as one) and status",
+            ["method", "route", "status"],
+            registry=r,
+        )
         self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds", "TTFT", registry=r)
         self.latency = Histogram(f"{PREFIX}_request_seconds", "request duration", registry=r)
         if live is not None:
             r.register(_GaugeReader(live))
+
+    async def count_response(self, message: Any, scope: Any) -> None:
+        """A Litestar ``before_send`` hook: count each response as it starts."""
+        if message.get("type") == "http.response.start" and scope.get("type") == "http":
+            route = scope.get("path_template") or "unmatched"
+            status = str(message.get("status", 0))
+            self.http.labels(method=scope.get("method", ""), route=route, status=status).inc()
 
     def record_finish(self, event: FinishEvent, seconds: float) -> None:
         """Account for one finished request."""

@@ -7,20 +7,43 @@ this plugin adds a logits processor to any request whose body carries
 then the end-of-sequence token. Everything else is the real path: the real
 model runs every forward pass, the engine batches and samples, and the output
 pipeline parses what comes out, streaming and non-streaming.
+
+``--test-script TEXT`` scripts every request that carries no script of its own: how the
+agent end-to-end tests (``make agents-e2e``) make a random model answer a real client
+(Codex, Claude Code) with a short, finished reply.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import attrs
 import mlx.core as mx
 
 from mlxcore import hookimpl
+from mlxcore.config import ServerConfig
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.errors import OptionError
 from mlxcore.model_info import ModelInfo
+from mlxcore.settings import add_flags, read_settings, setting
 
 OPTION = "test_script"
+
+
+@attrs.frozen
+class ScriptSettings:
+    """The scripted plugin's one setting."""
+
+    test_script: str | None = setting(
+        None,
+        flag="--test-script",
+        metavar="TEXT",
+        help="force this output on every request without its own test_script (tests only)",
+    )
+
+
+_server_script: str | None = None
+"""``--test-script`` of this process (the plugin is for tests: one server per process)."""
 
 
 class ScriptProcessor:
@@ -39,6 +62,19 @@ class ScriptProcessor:
 
 
 @hookimpl
+def mlxcore_addoption(parser: Any) -> None:
+    """``--test-script``."""
+    add_flags(parser, ScriptSettings)
+
+
+@hookimpl
+def mlxcore_configure(config: ServerConfig) -> None:
+    """Keep ``--test-script`` for the requests that have no script."""
+    global _server_script
+    _server_script = read_settings(config, ScriptSettings).test_script
+
+
+@hookimpl
 def mlxcore_validate_options(options: dict[str, Any]) -> None:
     """``test_script`` must be text."""
     if OPTION in options and not isinstance(options[OPTION], str):
@@ -48,7 +84,7 @@ def mlxcore_validate_options(options: dict[str, Any]) -> None:
 @hookimpl
 def mlxcore_logits_processors(request: GenerationRequest, info: ModelInfo) -> list[Any] | None:
     """Force the request's ``test_script`` text, if it has one."""
-    text = request.options.get(OPTION)
+    text = request.options.get(OPTION, _server_script)
     if not isinstance(text, str) or info.tokenizer is None:
         return None
     script = list(info.tokenizer.encode(text, add_special_tokens=False))

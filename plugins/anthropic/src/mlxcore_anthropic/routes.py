@@ -68,6 +68,7 @@ def request_spec(
         sampling=convert.sampling(body),
         new_id=new_message_id,
         max_tokens=body.max_tokens,
+        cap_max_tokens=True,
         stops=list(body.stop_sequences or []),
         stops_field="stop_sequences",
         extras=extras,

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mlxcore import structured
-from mlxcore.builtin.openai.schemas import ChatCompletionRequest, Message, SamplingFields
+from mlxcore.builtin.openai.schemas import ChatCompletionRequest, Message, SamplerFields
 from mlxcore.engine.request import SamplingParams
 from mlxcore.engine.validation import MAX_TOP_LOGPROBS
 from mlxcore.media import MediaHandler, MediaPart
@@ -27,7 +27,7 @@ def _range(name: str, value: float | None, low: float, high: float) -> None:
 
 
 def sampling_params(
-    body: SamplingFields, *, vocab_size: int, logprobs: bool, top_logprobs: int
+    body: SamplerFields, *, vocab_size: int, logprobs: bool, top_logprobs: int
 ) -> SamplingParams:
     """Validate the sampling fields and build :class:`SamplingParams`."""
     _range("temperature", body.temperature, 0.0, 2.0)

@@ -21,11 +21,9 @@ class Message(msgspec.Struct, kw_only=True, omit_defaults=True):
     reasoning: str | None = None
 
 
-class SamplingFields(msgspec.Struct, kw_only=True):
-    """Fields shared by chat and text completions."""
+class SamplerFields(msgspec.Struct, kw_only=True):
+    """Sampling fields shared by chat, text completions and the Responses API."""
 
-    model: str | None = None
-    max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -35,10 +33,17 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     seed: int | None = None
+    n: int = 1
+
+
+class SamplingFields(SamplerFields, kw_only=True):
+    """Fields shared by chat and text completions."""
+
+    model: str | None = None
+    max_tokens: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = 1
     user: str | None = None
 
 

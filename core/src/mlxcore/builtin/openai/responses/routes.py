@@ -166,7 +166,7 @@ def prepare(
     if body.instructions:
         messages.insert(0, {"role": "system", "content": body.instructions})
     sampling = convert.sampling_params(
-        cast(Any, body), vocab_size=len(svc.runtime.tokenizer), logprobs=False, top_logprobs=0
+        body, vocab_size=len(svc.runtime.tokenizer), logprobs=False, top_logprobs=0
     )
     try:
         constraint = convert.constraint(chat)

@@ -10,6 +10,8 @@ from typing import Any
 
 import msgspec
 
+from mlxcore.builtin.openai.schemas import SamplerFields
+
 
 class TextConfig(msgspec.Struct, kw_only=True):
     format: dict[str, Any] | None = None
@@ -21,7 +23,7 @@ class ReasoningConfig(msgspec.Struct, kw_only=True):
     summary: str | None = None
 
 
-class ResponsesRequest(msgspec.Struct, kw_only=True):
+class ResponsesRequest(SamplerFields, kw_only=True):
     model: str | None = None
     input: str | list[dict[str, Any]] = ""
     instructions: str | None = None
@@ -32,14 +34,6 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     text: TextConfig | None = None
     reasoning: ReasoningConfig | None = None
     max_output_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    seed: int | None = None
     truncation: str | None = None
     metadata: dict[str, Any] | None = None
     include: list[str] | None = None
@@ -53,6 +47,3 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
     client_metadata: dict[str, Any] | None = None
     stream_options: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    # Chat Completions' field names, for the sampling checks shared with it
-    n: int = 1
-    logit_bias: dict[str, float] | None = None
