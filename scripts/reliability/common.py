@@ -146,6 +146,14 @@ def stream_problem(path: str, response: httpx.Response, text: str) -> str | None
         if not names or names[-1] != "message_stop":
             return f"stream did not end with message_stop: {names[-3:]}"
         return None
+    if path.startswith("/v1/responses"):
+        names = [e[0] for e in events]
+        if "error" in names:
+            return f"error event in stream: {events[names.index('error')][1][:160]}"
+        ends = ("response.completed", "response.incomplete")
+        if not names or names[-1] not in ends:
+            return f"stream did not end with response.completed/incomplete: {names[-3:]}"
+        return None
     datas = [d for _, d in events]
     if not datas or datas[-1] != "[DONE]":
         return "stream did not end with [DONE]"

@@ -22,9 +22,18 @@ PROMPTS = [
 
 def request_for(i: int, rng: random.Random, max_tokens: int = 16) -> tuple[str, dict[str, Any]]:
     """A realistic mixed request: chat (streamed or not, greedy or sampled), a text
-    completion, or an Anthropic message."""
+    completion, an Anthropic message, or a Responses API response."""
     prompt = PROMPTS[i % len(PROMPTS)] + f" (#{i})"
-    kind = i % 5
+    kind = i % 6
+    if kind == 5:
+        body = {
+            "input": prompt,
+            "max_output_tokens": max_tokens,
+            "stream": rng.random() < 0.5,
+            "temperature": rng.choice([0.0, 0.7]),
+            "store": rng.random() < 0.5,
+        }
+        return "/v1/responses", body
     if kind == 3:
         body = {"prompt": prompt, "max_tokens": max_tokens, "stream": rng.random() < 0.5}
         return "/v1/completions", body

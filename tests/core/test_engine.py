@@ -322,3 +322,62 @@ def test_hybrid_multi_turn_chat_reuses_the_history_snapshot(tiny_qwen3_5: Path) 
         assert out2 == reference_tokens(rt, second.ids, 8)[: len(out2)]
     finally:
         rt.engine.shutdown()
+
+
+def test_hybrid_agent_turns_keep_the_history_checkpoint_under_a_tight_budget(
+    tiny_qwen3_5: Path,
+) -> None:
+    """An agent's turn stores two entries: the history checkpoint (the next turn starts
+    there) and the finished sequence (a recurrent cache cannot be cut back, so for a
+    hybrid model it rarely helps). When the budget holds only one, the checkpoint stays."""
+    from mlxcore.prompts import render_chat
+
+    history = [{"role": "user", "content": " ".join(f"fact{i}" for i in range(150))}]
+    probe = make_runtime(tiny_qwen3_5)
+    try:
+        turn1 = render_chat(probe.tokenizer, history)
+        request = GenerationRequest(
+            prompt_tokens=tuple(turn1.ids), checkpoints=turn1.checkpoints(), max_tokens=4
+        )
+        run(probe, request)
+        pair = probe.engine.stats()["prefix_cache_bytes"]
+    finally:
+        probe.engine.shutdown()
+    rt = make_runtime(tiny_qwen3_5, prefix_cache_size=f"{int(pair * 0.7)}b")
+    try:
+        tokens, _ = run(rt, request)
+        assert 0 < rt.engine.stats()["prefix_cache_bytes"] <= pair * 0.7
+        reply = rt.tokenizer.decode(tokens)
+        turn2 = render_chat(
+            rt.tokenizer,
+            [*history, {"role": "assistant", "content": reply}, {"role": "user", "content": "ok?"}],
+        )
+        assert turn2.ids[: turn1.history_length] == turn1.ids[: turn1.history_length]
+        follow = GenerationRequest(prompt_tokens=tuple(turn2.ids), max_tokens=4)
+        _, finish = run(rt, follow)
+        assert finish.usage.cached_tokens == turn1.history_length
+    finally:
+        rt.engine.shutdown()
+
+
+def test_a_token_budget_holds_that_much_history_of_a_hybrid_model(tiny_qwen3_5: Path) -> None:
+    """``--prefix-cache-size N`` (tokens) holds a conversation of N tokens even though each
+    entry of a hybrid model also carries its recurrent layers' fixed state."""
+    from mlxcore.prompts import render_chat
+
+    history = [{"role": "user", "content": " ".join(f"note{i}" for i in range(120))}]
+    probe = make_runtime(tiny_qwen3_5)
+    turn1 = render_chat(probe.tokenizer, history)
+    probe.engine.shutdown()
+    assert turn1.history_length is not None
+    rt = make_runtime(tiny_qwen3_5, prefix_cache_size=str(turn1.history_length + 8))
+    try:
+        request = GenerationRequest(
+            prompt_tokens=tuple(turn1.ids), checkpoints=turn1.checkpoints(), max_tokens=2
+        )
+        run(rt, request)
+        turn2 = render_chat(rt.tokenizer, [*history, {"role": "user", "content": "and?"}])
+        _, finish = run(rt, GenerationRequest(prompt_tokens=tuple(turn2.ids), max_tokens=2))
+        assert finish.usage.cached_tokens == turn1.history_length
+    finally:
+        rt.engine.shutdown()

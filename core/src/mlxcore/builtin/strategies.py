@@ -21,7 +21,7 @@ from mlxcore import hookimpl
 from mlxcore.builtin.decoder import PlainDecoder
 from mlxcore.config import ServerConfig
 from mlxcore.engine.batch_prefill import cache_is_batchable, prefill_together
-from mlxcore.engine.memory import compact_cache, kv_bytes_per_token
+from mlxcore.engine.memory import compact_cache, kv_bytes_per_token, state_bytes
 from mlxcore.engine.strategies import (
     CacheLookup,
     CacheStats,
@@ -125,7 +125,9 @@ class LRUPrefixCache(CacheStrategy):
     are an exact prefix of the new prompt. Entries are stored as compact copies
     (:func:`~mlxcore.engine.memory.compact_cache`), so the bytes reported are the
     bytes held; a token budget is turned into bytes with the model's measured
-    cache cost per token.
+    cache cost per token (plus, for hybrid models, the fixed recurrent state of two
+    entries). History checkpoints are kept longer than finished sequences
+    (:meth:`store_checkpoint`).
     """
 
     name = "lru"
@@ -136,8 +138,12 @@ class LRUPrefixCache(CacheStrategy):
     def __init__(self, model: Any, size: str = "32768") -> None:
         self.model = model
         self.max_tokens, max_bytes = parse_cache_size(size)
-        if self.max_tokens is not None:
-            max_bytes = self.max_tokens * kv_bytes_per_token(model) if self.max_tokens else 0
+        if self.max_tokens:
+            # N tokens of history, plus the fixed recurrent state of the two entries a
+            # conversation turn stores (its history checkpoint and its finished sequence)
+            max_bytes = self.max_tokens * kv_bytes_per_token(model) + 2 * state_bytes(model)
+        elif self.max_tokens is not None:
+            max_bytes = 0
         self.lru = LRUPromptCache(max_size=self.max_entries, max_bytes=max_bytes or 0)
         self._hits = self._misses = self._reused = 0
 
@@ -173,9 +179,18 @@ class LRUPrefixCache(CacheStrategy):
         return cache, len(tokens) - 1 - len(rest)
 
     def store(self, tokens: Sequence[int], cache: LayerCache) -> None:
+        self._insert(tokens, cache, "assistant")
+
+    def store_checkpoint(self, tokens: Sequence[int], cache: LayerCache) -> None:
+        """A conversation's history snapshot: filed as mlx-lm's ``user`` kind, which its
+        LRU evicts after the ``assistant`` kind (finished sequences), so an agent's long
+        turns keep the entry the next turn starts from."""
+        self._insert(tokens, cache, "user")
+
+    def _insert(self, tokens: Sequence[int], cache: LayerCache, kind: str) -> None:
         if not self.enabled or not tokens or not cache:
             return
-        self.lru.insert_cache(self.KEY, list(tokens), compact_cache(cache))
+        self.lru.insert_cache(self.KEY, list(tokens), compact_cache(cache), cache_type=kind)
 
     def clear(self) -> None:
         self.lru.trim_to(n_sequences=0)

@@ -174,7 +174,9 @@ class BatchLoop:
 
         def snapshot(n: int) -> None:
             try:
-                self.cache.store(task.request.cache_tokens[:n], copy.deepcopy(task.cache))
+                self.cache.store_checkpoint(
+                    task.request.cache_tokens[:n], copy.deepcopy(task.cache)
+                )
             except Exception:
                 log.exception("cache strategy %s failed to store a snapshot", self.cache.name)
 

@@ -98,6 +98,20 @@ def kv_bytes_per_token(model: Any) -> int:
     return total
 
 
+def state_bytes(model: Any) -> int:
+    """Bytes of cache state that do not grow with the context (recurrent layers' state,
+    as in Qwen3.5's linear-attention layers): every stored cache entry holds it once."""
+    cache = make_prompt_cache(model)
+    model(mx.array([[0]]), cache=cache)
+    total = 0
+    for layer in cache:
+        keys = getattr(layer, "keys", None)
+        if isinstance(keys, mx.array) or not hasattr(layer, "nbytes"):
+            continue
+        total += int(layer.nbytes)
+    return total
+
+
 @attrs.define
 class MemoryBudget:
     """How much memory MLX may use, and what a request's cache will cost.

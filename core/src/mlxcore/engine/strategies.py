@@ -91,6 +91,13 @@ class CacheStrategy(abc.ABC):
         Ownership of ``cache`` passes to the strategy; the caller will not use it again.
         """
 
+    def store_checkpoint(self, tokens: Sequence[int], cache: LayerCache) -> None:
+        """Offer a snapshot taken at a checkpoint of a prompt (the end of a chat's history,
+        where the conversation's next turn will start). Such entries are the ones the
+        next turn needs: keep them longer than finished sequences if you can. Default:
+        :meth:`store`."""
+        self.store(tokens, cache)
+
     def clear(self) -> None:
         """Drop everything stored."""
 
