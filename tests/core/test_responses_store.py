@@ -3,6 +3,7 @@ chains that stay whole while they are used."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -99,3 +100,15 @@ def test_reasoning_round_trips_and_foreign_blobs_are_ignored() -> None:
     assert assistant["reasoning_content"] == "hmm"
     assert assistant["tool_calls"][0]["function"] == {"name": "f", "arguments": {"a": 1}}
     assert tool == {"role": "tool", "tool_call_id": "c1", "content": "done"}
+
+
+def test_a_warning_about_what_clients_keep_sending_is_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from mlxcore.server.frontend import warn_once
+
+    caplog.set_level(logging.DEBUG, logger="mlxcore.server")
+    for _ in range(3):
+        warn_once("test-once-key", "skipped %s", "web_search")
+    levels = [r.levelno for r in caplog.records if r.getMessage() == "skipped web_search"]
+    assert levels == [logging.WARNING, logging.DEBUG, logging.DEBUG]

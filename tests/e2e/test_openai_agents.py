@@ -14,10 +14,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
-
-agents = pytest.importorskip("agents")
-
-from agents import (  # noqa: E402
+from agents import (
     Agent,
     ModelSettings,
     OpenAIChatCompletionsModel,
@@ -26,7 +23,7 @@ from agents import (  # noqa: E402
     function_tool,
     set_tracing_disabled,
 )
-from openai import AsyncOpenAI  # noqa: E402
+from openai import AsyncOpenAI
 
 if TYPE_CHECKING:
     from mlxcore.testing.server import Server

@@ -82,7 +82,7 @@ def test_create_returns_a_completed_response_with_usage(client: openai.OpenAI) -
     usage = resp.usage
     assert usage is not None and usage.input_tokens > 0 and usage.output_tokens > 0
     assert usage.total_tokens == usage.input_tokens + usage.output_tokens
-    assert usage.input_tokens_details.cached_tokens >= 0
+    assert usage.input_tokens_details.cached_tokens < usage.input_tokens
     assert usage.output_tokens_details.reasoning_tokens == 0
 
 

@@ -21,7 +21,7 @@ from mlxcore import hookimpl
 from mlxcore.builtin.decoder import PlainDecoder
 from mlxcore.config import ServerConfig
 from mlxcore.engine.batch_prefill import cache_is_batchable, prefill_together
-from mlxcore.engine.memory import compact_cache, kv_bytes_per_token, state_bytes
+from mlxcore.engine.memory import cache_cost, compact_cache
 from mlxcore.engine.strategies import (
     CacheLookup,
     CacheStats,
@@ -141,7 +141,8 @@ class LRUPrefixCache(CacheStrategy):
         if self.max_tokens:
             # N tokens of history, plus the fixed recurrent state of the two entries a
             # conversation turn stores (its history checkpoint and its finished sequence)
-            max_bytes = self.max_tokens * kv_bytes_per_token(model) + 2 * state_bytes(model)
+            per_token, fixed = cache_cost(model)
+            max_bytes = self.max_tokens * per_token + 2 * fixed
         elif self.max_tokens is not None:
             max_bytes = 0
         self.lru = LRUPromptCache(max_size=self.max_entries, max_bytes=max_bytes or 0)

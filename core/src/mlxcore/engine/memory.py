@@ -85,31 +85,27 @@ def release_memory() -> None:
         trim(0)
 
 
-def kv_bytes_per_token(model: Any) -> int:
-    """Bytes of cache one more token of context costs (measured with one token)."""
+def cache_cost(model: Any) -> tuple[int, int]:
+    """What a cache of ``model`` costs, measured with one token: bytes per token of
+    context (attention keys and values), and bytes that do not grow with the context
+    (recurrent layers' state, as in Qwen3.5's linear-attention layers; every stored
+    entry holds it once)."""
     cache = make_prompt_cache(model)
     model(mx.array([[0]]), cache=cache)
-    total = 0
+    per_token = fixed = 0
     for layer in cache:
         keys = getattr(layer, "keys", None)
         values = getattr(layer, "values", None)
         if isinstance(keys, mx.array) and isinstance(values, mx.array) and keys.ndim >= 3:
-            total += (keys.nbytes + values.nbytes) // max(1, keys.shape[-2])
-    return total
+            per_token += (keys.nbytes + values.nbytes) // max(1, keys.shape[-2])
+        elif keys is None and hasattr(layer, "nbytes"):
+            fixed += int(layer.nbytes)
+    return per_token, fixed
 
 
-def state_bytes(model: Any) -> int:
-    """Bytes of cache state that do not grow with the context (recurrent layers' state,
-    as in Qwen3.5's linear-attention layers): every stored cache entry holds it once."""
-    cache = make_prompt_cache(model)
-    model(mx.array([[0]]), cache=cache)
-    total = 0
-    for layer in cache:
-        keys = getattr(layer, "keys", None)
-        if isinstance(keys, mx.array) or not hasattr(layer, "nbytes"):
-            continue
-        total += int(layer.nbytes)
-    return total
+def kv_bytes_per_token(model: Any) -> int:
+    """Bytes of cache one more token of context costs (see :func:`cache_cost`)."""
+    return cache_cost(model)[0]
 
 
 @attrs.define

@@ -17,7 +17,6 @@ same way for all of them, on the service's preparation pool:
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -28,10 +27,8 @@ from mlxcore.engine.request import GenerationRequest, SamplingParams
 from mlxcore.media import MediaPart
 from mlxcore.parsers.base import ToolParser
 from mlxcore.server.errors import APIError, invalid
-from mlxcore.server.frontend import validated_options
+from mlxcore.server.frontend import validated_options, warn_once
 from mlxcore.server.service import Generation, GenerationService
-
-log = logging.getLogger("mlxcore.server")
 
 RESERVED_OPTIONS = (structured.OPTION, structured.START_AFTER_OPTION)
 """Engine options only the builder sets (never taken from a client's body)."""
@@ -184,8 +181,9 @@ def with_server_defaults(svc: GenerationService, prompt: ChatPrompt) -> ChatProm
     if prompt.tools and not svc.runtime.info.template_mentions("tools"):
         if svc.config.refuse_unrenderable_tools:
             raise invalid("this model's chat template cannot show tools to the model", "tools")
-        log.warning(
-            "the request has %d tools but the model's chat template does not render tools; "
+        warn_once(
+            "unrenderable-tools",
+            "a request has %d tools but the model's chat template does not render tools; "
             "serving it without them (--refuse-unrenderable-tools makes this a 400)",
             len(prompt.tools),
         )

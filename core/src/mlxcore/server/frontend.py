@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -17,6 +18,19 @@ from mlxcore.server.errors import APIError, from_validation, invalid
 from mlxcore.server.service import GenerationService
 
 T = TypeVar("T")
+
+
+_warned: set[str] = set()
+_log = logging.getLogger("mlxcore.server")
+
+
+def warn_once(key: str, message: str, *args: Any) -> None:
+    """Log a warning about what clients keep sending (``key`` names the case) once per
+    process; later occurrences go to the debug log, so an agent that sends the same
+    thing every turn does not flood the log."""
+    level = logging.DEBUG if key in _warned else logging.WARNING
+    _warned.add(key)
+    _log.log(level, message, *args)
 
 
 def service_of(request: Request[Any, Any, Any]) -> GenerationService:

@@ -17,7 +17,7 @@ from typing import Any
 from mlxcore.engine.request import SamplingParams
 from mlxcore.media import MediaHandler, MediaPart
 from mlxcore.server.errors import invalid
-from mlxcore_anthropic.schemas import Message, MessagesRequest, Tool
+from mlxcore_anthropic.schemas import CountTokensRequest, Message, MessagesRequest, Tool
 
 
 def _text(blocks: str | list[dict[str, Any]], where: str) -> str:
@@ -240,7 +240,7 @@ THINKING_ON = ("enabled", "adaptive")
 decides how much to think; a local template has only on and off)."""
 
 
-def thinking_enabled(body: MessagesRequest) -> bool:
+def thinking_enabled(body: MessagesRequest | CountTokensRequest) -> bool:
     """True when the request asks for extended (or adaptive) thinking."""
     return body.thinking is not None and body.thinking.type in THINKING_ON
 

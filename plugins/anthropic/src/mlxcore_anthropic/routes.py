@@ -50,12 +50,16 @@ def chat_prompt(svc: GenerationService, body: MessagesRequest | CountTokensReque
             tools = None
         elif choice not in ("auto", "any", "tool"):
             raise invalid(f"unknown tool_choice type {choice!r}", "tool_choice.type")
-    kwargs: dict[str, Any] = {}
-    if body.thinking is not None:
-        kwargs["enable_thinking"] = convert.thinking_enabled(body)
-    elif "enable_thinking" not in svc.config.default_chat_template_kwargs:
-        kwargs["enable_thinking"] = False  # Anthropic: no thinking unless asked for
+    kwargs = {"enable_thinking": thinks(svc, body)}
     return ChatPrompt(messages, tools, kwargs, parts)
+
+
+def thinks(svc: GenerationService, body: MessagesRequest | CountTokensRequest) -> bool:
+    """Whether the model thinks: as the request's ``thinking`` says, else as the
+    server's ``--default-chat-template-kwargs`` say, else not (Anthropic's default)."""
+    if body.thinking is not None:
+        return convert.thinking_enabled(body)
+    return svc.config.default_chat_template_kwargs.get("enable_thinking") is True
 
 
 def request_spec(
@@ -117,10 +121,7 @@ async def messages(request: Request[Any, Any, Any]) -> Any:
     gen = await svc.prepare(build_generation, svc, body, extras)
     deltas = await unless_disconnected(request, svc.start(gen))
     model = served_name(svc, body.model)
-    show_thinking = convert.thinking_enabled(body) or (
-        body.thinking is None
-        and svc.config.default_chat_template_kwargs.get("enable_thinking") is True
-    )
+    show_thinking = thinks(svc, body)
     if body.stream:
         return event_stream(_events(gen, deltas, model, show_thinking), error_event)
     out = await unless_disconnected(request, collect(deltas))

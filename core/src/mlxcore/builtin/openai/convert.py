@@ -89,13 +89,14 @@ def stop_list(stop: str | list[str] | None) -> list[str]:
 ROLES = {"system", "developer", "user", "assistant", "tool", "function"}
 
 
-def _text_of(content: str | list[dict[str, Any]] | None, where: str) -> str:
-    text = _content_of(content, where, None, [])
+def text_of(content: str | list[dict[str, Any]] | None, where: str) -> str:
+    """The text of a message's content (text parts joined; any other part is a 400)."""
+    text = message_content(content, where, None, [])
     assert isinstance(text, str)
     return text
 
 
-def _content_of(
+def message_content(
     content: str | list[dict[str, Any]] | None,
     where: str,
     media: MediaHandler | None,
@@ -183,13 +184,13 @@ def normalize_chat(
                         raise invalid(
                             "system messages cannot contain media", f"{where}.content[{j}]"
                         )
-            instruction = _text_of(msg.content, where)
+            instruction = text_of(msg.content, where)
             if out:
                 out.append({"role": "system", "content": instruction})
             else:
                 system.append(instruction)
             continue
-        text = _content_of(msg.content, where, media, parts)
+        text = message_content(msg.content, where, media, parts)
         item: dict[str, Any] = {"role": "tool" if role == "function" else role, "content": text}
         if msg.name is not None:
             item["name"] = msg.name

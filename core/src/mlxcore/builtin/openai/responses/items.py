@@ -14,16 +14,15 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
 
+from mlxcore.builtin.openai import convert
 from mlxcore.media import MediaHandler, MediaPart
 from mlxcore.server.errors import invalid
-
-log = logging.getLogger("mlxcore.responses")
+from mlxcore.server.frontend import warn_once
 
 MESSAGE_ROLES = {"user", "assistant", "system", "developer"}
 TEXT_PARTS = {"input_text", "output_text", "text", "summary_text", "reasoning_text"}
@@ -44,6 +43,18 @@ def decode_reasoning(value: str) -> str | None:
         return base64.b64decode(value[len(REASONING_PREFIX) :], validate=True).decode()
     except (binascii.Error, UnicodeDecodeError):
         return None
+
+
+def _chat_part(part: Any) -> Any:
+    """A Responses content part under its Chat Completions name (others unchanged)."""
+    if not isinstance(part, Mapping):
+        return part
+    kind = part.get("type")
+    if kind in TEXT_PARTS or kind == "refusal":
+        return {"type": "text", "text": part.get("text", part.get("refusal"))}
+    if kind == "input_image":
+        return {"type": "image_url", "image_url": {"url": part.get("image_url")}}
+    return part
 
 
 def as_items(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -92,38 +103,14 @@ class _Messages:
         self.out.append({"role": "system" if role == "developer" else role, "content": content})
 
     def _content(self, content: Any, where: str, *, media_ok: bool) -> Any:
-        if content is None or isinstance(content, str):
-            return content or ""
-        if not isinstance(content, list):
+        """Content as the chat front end reads it (:func:`convert.message_content`):
+        Responses' part types are first given their Chat Completions names."""
+        if isinstance(content, list):
+            content = [_chat_part(part) for part in content]
+        elif content is not None and not isinstance(content, str):
             raise invalid("content must be a string or a list of parts", f"{where}.content")
-        pieces: list[dict[str, Any]] = []
-        for i, part in enumerate(content):
-            at = f"{where}.content[{i}]"
-            kind = part.get("type") if isinstance(part, Mapping) else None
-            if kind in TEXT_PARTS or kind == "refusal":
-                text = part.get("text", part.get("refusal"))
-                if not isinstance(text, str):
-                    raise invalid("a text part needs text", f"{at}.text")
-                pieces.append({"type": "text", "text": text})
-            elif kind == "input_image" and media_ok and self.media is not None:
-                url = part.get("image_url")
-                if not isinstance(url, str) or not url:
-                    raise invalid("input_image needs an image_url (a URL or data URL)", at)
-                chat_part = {"type": "image_url", "image_url": {"url": url}}
-                if chat_part["type"] not in self.media.part_types:
-                    raise invalid("this model does not take images", f"{at}.type")
-                self.parts.append(MediaPart(chat_part, at))
-                pieces.append(self.media.placeholder(chat_part))
-            else:
-                what = "this model" if self.media is not None else "this text-only model"
-                raise invalid(f"content part type {kind!r} is not supported by {what}", at)
-        if any(p.get("type") != "text" for p in pieces):
-            return pieces
-        return (
-            "\n".join(p["text"] for p in pieces)
-            if len(pieces) > 1
-            else (pieces[0]["text"] if pieces else "")
-        )
+        media = self.media if media_ok else None
+        return convert.message_content(content, where, media, self.parts)
 
     def function_call(self, item: Mapping[str, Any], where: str) -> None:
         name, call_id = item.get("name"), item.get("call_id")
@@ -148,8 +135,6 @@ class _Messages:
         output = item.get("output", "")
         if isinstance(output, list):
             output = self._content(output, where + ".output", media_ok=False)
-            if isinstance(output, list):
-                raise invalid("function_call_output must be text", f"{where}.output")
         elif not isinstance(output, str):
             output = json.dumps(output)
         self.out.append({"role": "tool", "tool_call_id": call_id, "content": output})
@@ -258,8 +243,9 @@ def template_tools(
             raise invalid("each tool must be an object", f"tools[{i}]")
         add(tool, f"tools[{i}]", None)
     if skipped:
-        log.warning(
-            "skipped tools this server cannot run locally: %s", ", ".join(sorted(set(skipped)))
+        kinds = ", ".join(sorted(set(skipped)))
+        warn_once(
+            f"hosted-tools:{kinds}", "skipped tools this server cannot run locally: %s", kinds
         )
     return out, namespaces
 

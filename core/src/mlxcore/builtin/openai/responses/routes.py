@@ -94,12 +94,8 @@ def _with_ids(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _template_kwargs(body: ResponsesRequest) -> dict[str, Any]:
+    """The request's template variables, with ``reasoning.effort`` as the thinking switch."""
     kwargs = dict(body.chat_template_kwargs or {})
-    if "chat_template" in kwargs:
-        raise invalid(
-            "a chat template in the request is not accepted; the model's template is used",
-            "chat_template_kwargs.chat_template",
-        )
     effort = body.reasoning.effort if body.reasoning else None
     if effort is not None:
         kwargs.setdefault("enable_thinking", effort not in THINKING_OFF_EFFORTS)
@@ -107,12 +103,9 @@ def _template_kwargs(body: ResponsesRequest) -> dict[str, Any]:
 
 
 def _tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
-    """A Responses ``tool_choice`` in Chat Completions' form."""
+    """A Responses ``tool_choice`` in Chat Completions' form (a string is checked with
+    the chat fields)."""
     if choice is None or isinstance(choice, str):
-        if isinstance(choice, str) and choice not in ("none", "auto", "required"):
-            raise invalid(
-                f"tool_choice {choice!r} is not one of none, auto, required", "tool_choice"
-            )
         return choice
     if choice.get("type") == "function" and isinstance(choice.get("name"), str):
         return {"type": "function", "function": {"name": choice["name"]}}
@@ -158,7 +151,9 @@ def prepare(
         tool_choice=choice,
         parallel_tool_calls=body.parallel_tool_calls,
         response_format=_response_format(body),
+        chat_template_kwargs=body.chat_template_kwargs,
     )
+    convert.check_chat_fields(chat)
     parts: list[MediaPart] = []
     media = svc.runtime.media
     messages = item_conv.chat_messages(history, media, parts, field="previous_response_id")
