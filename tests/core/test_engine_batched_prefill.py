@@ -3,18 +3,20 @@ one forward pass, and every request's greedy tokens stay identical to mlx-lm's."
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from mlx_lm import stream_generate
-from mlx_lm.sample_utils import make_sampler
 
 from mlxcore.engine.events import RequestHandle
 from mlxcore.engine.request import GenerationRequest, SamplingParams
 from mlxcore.runtime import Runtime
-from mlxcore.testing.runtime import Result, make_runtime, submit_together
+from mlxcore.testing.runtime import (
+    Result,
+    assert_matches_mlx_lm,
+    submit_together,
+)
 
 #: Different lengths (about 4 to 25 tokens), so the batch needs padding.
 PROMPTS = [
@@ -27,35 +29,8 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture
-def runtime() -> Iterator[Callable[..., Runtime]]:
-    made: list[Runtime] = []
-
-    def factory(model: Path, **config: object) -> Runtime:
-        made.append(make_runtime(model, **config))
-        return made[-1]
-
-    yield factory
-    for rt in made:
-        rt.engine.shutdown()
-
-
-def reference_tokens(rt: Runtime, prompt: list[int], n: int) -> list[int]:
-    """Greedy tokens from mlx-lm's own generator: the ground truth."""
-    sampler = make_sampler(0.0)
-    return [r.token for r in stream_generate(rt.model, rt.tokenizer, prompt, n, sampler=sampler)]
-
-
 def ids(rt: Runtime, text: str) -> tuple[int, ...]:
     return tuple(rt.tokenizer.encode(text))
-
-
-def assert_matches_mlx_lm(rt: Runtime, req: GenerationRequest, res: Result) -> None:
-    assert res.finish is not None and res.finish.reason in ("length", "stop"), res.finish
-    expected = reference_tokens(rt, list(req.prompt_tokens), req.max_tokens)
-    assert res.tokens == expected[: len(res.tokens)], f"diverged for {req.prompt_tokens}"
-    assert res.finish.usage.prompt_tokens == len(req.prompt_tokens)
-    assert res.finish.usage.completion_tokens == len(res.tokens)
 
 
 @pytest.mark.parametrize("family", ["tiny_llama", "tiny_qwen3", "tiny_qwen3_5", "tiny_gemma4"])

@@ -85,8 +85,9 @@ def openblas_preloaded() -> bool:
 def reexec_env(env: Mapping[str, str] | None = None) -> dict[str, str] | None:
     """The environment to re-execute with, or None when no re-exec is wanted.
 
-    None when not on Linux, when OpenBLAS is missing or already preloaded, when
-    ``MLXCORE_NO_OPENBLAS`` is set, or when this process is itself the re-executed one.
+    None when not on Linux, when OpenBLAS is missing or already preloaded (in ``env``; in
+    this process too when ``env`` is None), when ``MLXCORE_NO_OPENBLAS`` is set, or when
+    this process is itself the re-executed one.
     """
     source = dict(os.environ if env is None else env)
     if source.get(DISABLE_ENV, "") not in ("", "0") or source.get(REEXEC_ENV):
@@ -95,7 +96,7 @@ def reexec_env(env: Mapping[str, str] | None = None) -> dict[str, str] | None:
     if lib is None:
         return None
     entries = _preload_entries(source)
-    if any("openblas" in Path(e).name for e in entries) or openblas_preloaded():
+    if any("openblas" in Path(e).name for e in entries) or (env is None and openblas_preloaded()):
         return None
     source["LD_PRELOAD"] = ":".join([*entries, str(lib)])
     source[REEXEC_ENV] = "1"

@@ -12,7 +12,15 @@ from typing import Any
 
 import attrs
 
-from mlxcore.settings import byte_size, json_object, log_level, positive_int, seconds, setting
+from mlxcore.settings import (
+    byte_size,
+    json_object,
+    log_level,
+    non_negative_int,
+    positive_int,
+    seconds,
+    setting,
+)
 
 COMMON, ENGINE, PARSERS, HTTP = "common", "engine", "parsers", "http"
 """Flag groups: every command / model-serving commands / their parsers / ``serve`` only."""
@@ -40,7 +48,7 @@ class ServerConfig:
     )
     # -- engine ------------------------------------------------------------
     max_num_seqs: int = setting(
-        16, flag="--max-num-seqs", group=ENGINE, type=positive_int,
+        32, flag="--max-num-seqs", group=ENGINE, type=positive_int,
         help="most sequences decoded together",
     )  # fmt: skip
     max_queue_size: int = setting(
@@ -59,6 +67,11 @@ class ServerConfig:
     prefill_step_size: int = setting(
         2048, flag="--prefill-step-size", group=ENGINE, type=positive_int,
         help="prefill chunk size",
+    )  # fmt: skip
+    prefill_decode_chunk: int = setting(
+        256, flag="--prefill-decode-chunk", group=ENGINE, type=non_negative_int,
+        help="prefill tokens per engine step while other sequences decode (long prompts are "
+        "split so running streams keep their pace); 0: the full --prefill-step-size",
     )  # fmt: skip
     prefill_batch_size: int = setting(
         8, flag="--prefill-batch-size", group=ENGINE, type=positive_int,
@@ -140,6 +153,26 @@ class ServerConfig:
         False, flag="--accept-any-model-name", group=HTTP, action="store_true",
         help="serve requests whatever model name they give (agents ask for their vendor's "
         "names); responses report the name asked for",
+    )  # fmt: skip
+    extra_models: tuple[str, ...] = setting(
+        None, flag="--model", group=HTTP, action="append", metavar="[NAME=]SOURCE",
+        converter=lambda v: tuple(v or ()),
+        help="serve one more model (repeatable): a folder, repo id or .gguf file, under NAME "
+        "(default: its own name); loaded on first use (see docs/models.md)",
+    )  # fmt: skip
+    models_config: str | None = setting(
+        None, flag="--models-config", group=HTTP, metavar="FILE",
+        help="a TOML file of models to serve: sources, aliases, plugins, pinning, idle "
+        "timeouts, per-model flags (see docs/models.md)",
+    )  # fmt: skip
+    models_memory_budget: int | None = setting(
+        None, flag="--models-memory-budget", group=HTTP, type=byte_size, metavar="SIZE",
+        help="memory all loaded models' weights may take together; past it the least "
+        "recently used idle model is unloaded (default: --gpu-memory-utilization of RAM)",
+    )  # fmt: skip
+    idle_unload: float = setting(
+        0.0, flag="--idle-unload", group=HTTP, type=seconds, metavar="SECONDS",
+        help="unload a model nobody used for this long (pinned ones stay; 0: never)",
     )  # fmt: skip
     responses_store_bytes: int = setting(
         64 * 1024 * 1024, flag="--responses-store-size", group=HTTP, type=byte_size,

@@ -9,7 +9,7 @@ It sits below the server and the CLI (both import it; it imports neither).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -73,7 +73,8 @@ def resolve_model_path(model_arg: str | None) -> tuple[str, Any]:
 
     if model_arg is None:
         path = ensure_default_model()
-        log.info("no model given: using the embedded default %s", path)
+        log.info("no model given: serving the embedded default")
+        log.debug("embedded default model folder: %s", path)
         return str(path), resolve_model(str(path))
     return model_arg, resolve_model(model_arg)
 
@@ -116,9 +117,13 @@ def engine_parts(hooks: PluginHooks, loaded: Any, config: ServerConfig) -> Engin
     )
 
 
-def build_runtime(config: ServerConfig, hooks: PluginHooks) -> Runtime:
+def build_runtime(
+    config: ServerConfig,
+    hooks: PluginHooks,
+    memory_elsewhere: Callable[[], int] | None = None,
+) -> Runtime:
     """Load the model, let plugins patch it, choose parsers, and build the engine
-    (not yet started)."""
+    (not yet started; ``memory_elsewhere``: see :class:`Engine`)."""
     from mlxcore.models.loader import load_model
 
     _, resolved = resolve_model_path(config.model)
@@ -133,7 +138,8 @@ def build_runtime(config: ServerConfig, hooks: PluginHooks) -> Runtime:
             loaded = attrs.evolve(loaded, info=info)
     materialize(loaded.model)
     parsers = Parsers.select(hooks, loaded.info, config.tool_call_parser, config.reasoning_parser)
-    engine = Engine(loaded.model, loaded.info, config, engine_parts(hooks, loaded, config))
+    parts = engine_parts(hooks, loaded, config)
+    engine = Engine(loaded.model, loaded.info, config, parts, memory_elsewhere)
     hidden = loaded.info.eos_token_ids | parsers.control_ids(loaded.info.vocab)
     return Runtime(
         loaded.model,

@@ -13,7 +13,8 @@ Modules: :mod:`~mlxcore.bench.options` (flags and settings), :mod:`~mlxcore.benc
 (prompts), :mod:`~mlxcore.bench.inprocess` (the mlx-lm baseline), :mod:`~mlxcore.bench.server`
 (the server subprocess), :mod:`~mlxcore.bench.client` (the HTTP measurements),
 :mod:`~mlxcore.bench.compare` (``--compare-body``: a plugin's feature on vs off on one server),
-:mod:`~mlxcore.bench.agent` (``--agent-session``),
+:mod:`~mlxcore.bench.agent` (``--agent-session``), :mod:`~mlxcore.bench.peer` and
+:mod:`~mlxcore.bench.scenarios` (``--peer URL``: mlxcore vs another server, alternating),
 :mod:`~mlxcore.bench.report` (machine facts, ratios, targets, table) and
 :mod:`~mlxcore.bench.runner` (the whole run). Importing this package is cheap (no MLX).
 """
@@ -30,6 +31,10 @@ def run_bench(args: argparse.Namespace, config: Any = None) -> int:
         from mlxcore.bench.agent import main_agent
 
         return main_agent(args)
+    if getattr(args, "peer", None) is not None:
+        from mlxcore.bench.peer import main_peer
+
+        return main_peer(args)
     if getattr(args, "compare_body", None) is not None:
         from mlxcore.bench.compare import main_compare
 

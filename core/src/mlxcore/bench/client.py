@@ -9,11 +9,12 @@ token is the chunk that carries ``finish_reason``. Token counts come from the us
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import attrs
@@ -52,15 +53,23 @@ async def stream_chat(
     messages: list[Any],
     max_tokens: int,
     extra: dict[str, Any] | None = None,
+    *,
+    times: list[float] | None = None,
 ) -> StreamRun:
-    """Stream one chat completion and time it; ``extra`` adds fields to the request body."""
+    """Stream one chat completion and time it; ``extra`` adds fields to the request body.
+
+    ``times``, when given, receives the arrival time (``time.perf_counter()``) of every
+    chunk that carries output, as it arrives (so a caller that cancels the stream still
+    has them); the run's :attr:`~StreamRun.chunk_times` holds the same list.
+    """
     body = {**workloads.chat_body(target.model, messages, max_tokens), **(extra or {})}
+    arrivals: list[float] = [] if times is None else times
     first: float | None = None
     last: float | None = None
     usage: dict[str, Any] = {}
     finish: str | None = None
     start = time.perf_counter()
-    async with client.stream("POST", f"{target.base_url}/v1/chat/completions", json=body) as r:
+    async with _open_stream(client, f"{target.base_url}/v1/chat/completions", body) as r:
         if r.status_code != 200:
             text = (await r.aread()).decode(errors="replace")
             raise MlxcoreError(f"the server answered {r.status_code}: {text[:500]}")
@@ -81,8 +90,9 @@ async def stream_chat(
                     or delta.get("reasoning_content")
                     or delta.get("tool_calls")
                 )
-                if produced and first is None:
-                    first = now
+                if produced:
+                    arrivals.append(now)
+                    first = now if first is None else first
                 if choice.get("finish_reason"):
                     finish = choice["finish_reason"]
                     first = now if first is None else first
@@ -93,19 +103,51 @@ async def stream_chat(
     details = usage.get("prompt_tokens_details") or {}
     return StreamRun(
         prompt_tokens=int(usage.get("prompt_tokens", 0)),
-        completion_tokens=int(usage.get("completion_tokens", 0)),
+        completion_tokens=int(usage.get("completion_tokens", len(arrivals))),
         ttft_s=first - start,
         decode_s=last - first,
         total_s=end - start,
         cached_tokens=int(details.get("cached_tokens") or 0),
         finish_reason=finish,
         usage_extra={k: v for k, v in usage.items() if k not in _STANDARD_USAGE},
+        chunk_times=arrivals,
     )
 
 
-def http_client(connections: int = 32) -> httpx.AsyncClient:
-    """An async HTTP client with the bench's long timeouts and ``connections`` connections."""
-    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+#: Attempts at a request whose connection failed before any response arrived.
+CONNECT_ATTEMPTS = 4
+
+
+@contextlib.asynccontextmanager
+async def _open_stream(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any]
+) -> AsyncIterator[httpx.Response]:
+    """POST ``body`` and yield the streamed response; a connection dropped before the
+    response began is retried (servers built on ``http.server`` reset connections past
+    their small listen backlog when many arrive at once). The retries count in the
+    caller's timings, as they would for any client."""
+    for attempt in range(CONNECT_ATTEMPTS):
+        request = client.build_request("POST", url, json=body)
+        try:
+            response = await client.send(request, stream=True)
+        except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError) as exc:
+            if attempt == CONNECT_ATTEMPTS - 1:
+                raise
+            log.debug("request failed before any response (%r); retrying", exc)
+            await asyncio.sleep(0.05 * (attempt + 1))
+            continue
+        try:
+            yield response
+        finally:
+            await response.aclose()
+        return
+
+
+def http_client(connections: int = 32, *, keepalive: bool = True) -> httpx.AsyncClient:
+    """An async HTTP client with the bench's long timeouts and ``connections`` connections
+    (``keepalive=False``: a new connection per request, for servers that close them)."""
+    kept = connections if keepalive else 0
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=kept)
     return httpx.AsyncClient(timeout=_TIMEOUT, limits=limits)
 
 

@@ -35,7 +35,7 @@ import httpx
 from mlxcore.bench import client, report, workloads
 from mlxcore.bench.options import BenchSettings, settings_from_args
 from mlxcore.bench.results import median_of, ratio
-from mlxcore.bench.server import ServerProcess
+from mlxcore.bench.server import bench_server
 from mlxcore.errors import MlxcoreError
 
 log = logging.getLogger(__name__)
@@ -242,22 +242,9 @@ def run_compare(settings: BenchSettings, compare: CompareSettings) -> dict[str, 
     source, resolved = resolve_model_path(settings.model)
     count_tokens: Callable[[str], int] | None = None
     if compare.prompt_tokens is not None:
-        from mlx_lm.utils import load_tokenizer
-
-        tokenizer = load_tokenizer(resolved.path)
-
-        def count_tokens(text: str) -> int:
-            return len(tokenizer.encode(text, add_special_tokens=False))
-
+        count_tokens = workloads.token_counter(resolved.path)
     make_messages = _messages_factory(compare, count_tokens, rng)
-    server_level = settings.log_level if settings.log_level in ("debug", "trace") else "warning"
-    with ServerProcess(
-        str(resolved.path),
-        settings.serve_args,
-        host=settings.host,
-        port=settings.port,
-        log_level=server_level,
-    ) as server:
+    with bench_server(str(resolved.path), settings) as server:
         server.start(settings.startup_timeout)
         target = server.target()
         try:

@@ -31,6 +31,8 @@ class StreamRun:
         cached_tokens: prompt tokens served from the prefix cache (HTTP only).
         finish_reason: ``"length"``, ``"stop"``...
         usage_extra: the usage fields beyond OpenAI's (plugins' extensions, HTTP only).
+        chunk_times: arrival times (``time.perf_counter()``) of the chunks that carried
+            output (HTTP only; the gaps between them are the inter-token latencies).
     """
 
     prompt_tokens: int
@@ -41,6 +43,7 @@ class StreamRun:
     cached_tokens: int = 0
     finish_reason: str | None = None
     usage_extra: dict[str, Any] = attrs.field(factory=dict)
+    chunk_times: list[float] = attrs.field(factory=list, repr=False)
 
     @property
     def decode_tok_s(self) -> float:
@@ -83,6 +86,17 @@ def summarize(runs: Sequence[StreamRun]) -> dict[str, Any]:
         "repeats": len(runs),
         "runs": [r.to_json() for r in runs],
     }
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) of ``values``, linearly interpolated (0.0 for none)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return float(ordered[low] + (ordered[high] - ordered[low]) * (pos - low))
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:

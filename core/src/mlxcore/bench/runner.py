@@ -27,7 +27,7 @@ import httpx
 from mlxcore.bench import client, inprocess, report, workloads
 from mlxcore.bench.options import BenchSettings, settings_from_args
 from mlxcore.bench.results import StreamRun, summarize
-from mlxcore.bench.server import ServerProcess
+from mlxcore.bench.server import ServerProcess, bench_server
 from mlxcore.errors import MlxcoreError
 
 log = logging.getLogger(__name__)
@@ -149,17 +149,10 @@ def run(settings: BenchSettings) -> dict[str, Any]:
     model_facts = baseline.facts
     decode = _DecodeComparison(settings, baseline)
     long_run: StreamRun | None = None
-    server_level = settings.log_level if settings.log_level in ("debug", "trace") else "warning"
     # The server gets the folder the baseline loaded: both sides run the same weights even
     # where the model argument could resolve differently (the default model's storage type
     # follows the OpenBLAS setting; GGUF conversions are cached by type).
-    server = ServerProcess(
-        model_facts["path"],
-        settings.serve_args,
-        host=settings.host,
-        port=settings.port,
-        log_level=server_level,
-    )
+    server = bench_server(model_facts["path"], settings)
     with contextlib.ExitStack() as stack:
         if settings.sequential:
             decode.warm_in_process()

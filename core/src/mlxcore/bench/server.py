@@ -19,13 +19,16 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import httpx
 
 from mlxcore import blas
 from mlxcore.bench.client import HttpTarget
 from mlxcore.errors import MlxcoreError
+
+if TYPE_CHECKING:
+    from mlxcore.bench.options import BenchSettings
 
 log = logging.getLogger(__name__)
 
@@ -214,3 +217,12 @@ class ServerProcess:
         if exc is not None and not isinstance(exc, KeyboardInterrupt):
             self.keep_log = True
         self.stop()
+
+
+def bench_server(path: str, settings: BenchSettings) -> ServerProcess:
+    """The server of a bench run on ``path``: the run's serve arguments, host and port,
+    logging at ``warning`` unless the bench itself debugs."""
+    level = settings.log_level if settings.log_level in ("debug", "trace") else "warning"
+    return ServerProcess(
+        path, settings.serve_args, host=settings.host, port=settings.port, log_level=level
+    )

@@ -66,6 +66,18 @@ def writing_messages(index: int) -> list[Message]:
     ]
 
 
+def token_counter(model_path: Any) -> Callable[[str], int]:
+    """Counts a text's tokens with the tokenizer of the model folder ``model_path``."""
+    from mlx_lm.utils import load_tokenizer
+
+    tokenizer = load_tokenizer(model_path)
+
+    def count_tokens(text: str) -> int:
+        return len(tokenizer.encode(text, add_special_tokens=False))
+
+    return count_tokens
+
+
 def seed_word(rng: random.Random) -> str:
     """A random made-up word (e.g. ``"kovadrel"``) that makes a prefix unique."""
     syllables = ("ka", "lo", "mi", "dre", "vo", "zan", "qui", "tor", "bel", "sha", "nu", "rix")

@@ -57,6 +57,10 @@ class ChunkedPrefill(PrefillStrategy):
         self._batches = 0
         self._batched_requests = 0
 
+    @property
+    def stops_at_checkpoints(self) -> bool:
+        return type(self).prefill is ChunkedPrefill.prefill  # not a subclass's own prefill
+
     def can_batch(self, task: PrefillTask) -> bool:
         if type(self).prefill is not ChunkedPrefill.prefill:
             return False  # a subclass changed how a prompt is filled
@@ -79,10 +83,10 @@ class ChunkedPrefill(PrefillStrategy):
     def prefill(self, task: PrefillTask) -> PrefillGenerator:
         tokens = mx.array(list(task.remaining))[None]
         body = tokens.shape[1] - 1
-        stops = [c - task.start for c in task.checkpoints]
         done = 0
         while done < body:
-            n = min(self.step_size, body - done)
+            stops = [c - task.start for c in task.checkpoints]  # may grow between chunks
+            n = min(task.step_tokens or self.step_size, self.step_size, body - done)
             upcoming = [s for s in stops if done < s < done + n]
             if upcoming:
                 n = upcoming[0] - done

@@ -6,18 +6,21 @@ import argparse
 import logging
 import sys
 import time
+from collections.abc import Callable
 
 import pluggy
 
+from mlxcore.cli.model_specs import ServedModels
 from mlxcore.config import ServerConfig
 from mlxcore.engine.events import FinishEvent, TokenEvent
 from mlxcore.engine.request import GenerationRequest, SamplingParams
 from mlxcore.errors import MlxcoreError
 from mlxcore.hooks import PluginHooks
+from mlxcore.models.catalog import ModelSpec
 from mlxcore.output import OutputDelta
 from mlxcore.plugins import plugin_statuses
 from mlxcore.prompts import render_chat_prompt
-from mlxcore.runtime import build_runtime
+from mlxcore.runtime import Runtime, build_runtime
 
 log = logging.getLogger(__name__)
 
@@ -105,12 +108,44 @@ def _show(delta: OutputDelta) -> None:
     sys.stdout.flush()
 
 
-def serve(config: ServerConfig, hooks: PluginHooks) -> int:
-    """Serve the model over HTTP until interrupted."""
-    from mlxcore.server.app import serve as run_server
+def serve(config: ServerConfig, hooks: PluginHooks, models: ServedModels) -> int:
+    """Serve the model(s) over HTTP until interrupted.
 
-    rt = build_runtime(config, hooks)
+    One model is loaded before the server starts (a model that cannot load stops
+    start-up). With several, the first and the pinned ones load as the server starts;
+    the others on their first request.
+    """
+    from mlxcore.server.app import serve as run_server
+    from mlxcore.server.metrics import Metrics
+    from mlxcore.server.router import ModelRouter
+
+    def build(spec: ModelSpec, elsewhere: Callable[[], int]) -> Runtime:
+        return build_runtime(spec.config, spec.hooks, elsewhere)
+
+    router = ModelRouter(
+        models.specs,
+        build,
+        Metrics(),
+        memory_budget=models.memory_budget,
+        idle_unload=models.idle_unload,
+        accept_any_name=config.accept_any_model_name,
+    )
     enabled = [name for name, plugin in hooks.pm.list_name_plugin() if plugin is not None]
-    log.info("model: %s (%s, %s)", rt.info.source, rt.info.model_type, rt.info.path)
     log.info("plugins: %s", ", ".join(enabled))
-    return run_server(rt, hooks)
+    if router.single:
+        rt = build_runtime(config, hooks)
+        log.info("model: %s (%s)", router.default.spec.name, rt.info.model_type)
+        log.debug("model folder: %s", rt.info.path)
+        router.adopt(router.default, rt)
+        return run_server(router, hooks)
+    preload = [slot for slot in router.slots if slot is router.default or slot.pinned]
+    for slot in router.slots:
+        entry = slot.spec.entry
+        log.info(
+            "model %s%s%s%s",
+            entry.name,
+            f" (aliases {', '.join(entry.aliases)})" if entry.aliases else "",
+            ", pinned" if entry.pinned else "",
+            ", embeddings" if entry.task == "embed" else "",
+        )
+    return run_server(router, hooks, preload)

@@ -16,6 +16,7 @@ from typing import Any
 from mlxcore.bench.agent import add_agent_options
 from mlxcore.bench.compare import add_compare_options
 from mlxcore.bench.options import add_bench_options
+from mlxcore.bench.peer import add_peer_options
 from mlxcore.cli import options
 from mlxcore.cli.parse_command import HELP as PARSE_HELP
 from mlxcore.cli.parse_command import add_parse_options
@@ -79,6 +80,7 @@ def build_parser(hooks: PluginHooks | None) -> tuple[argparse.ArgumentParser, se
         add_bench_options,
         add_agent_options,
         add_compare_options,
+        add_peer_options,
     )
     add("plugins", "list installed plugins: name, distribution, version, hooks, status")
     add("parse", PARSE_HELP, add_parse_options)
@@ -163,6 +165,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return code
         config = options.config_from_args(args, core_dests)
         hooks.configure(config)
+        if args.command == "serve":
+            from mlxcore.cli.commands import serve
+            from mlxcore.cli.model_specs import served_models
+
+            return serve(config, hooks, served_models(config, hooks, args, core_dests, selection))
         return _run_model_command(args, config, hooks)
     except MlxcoreError as exc:
         print(f"mlxcore: error: {exc}", file=sys.stderr)
@@ -172,12 +179,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run_model_command(args: argparse.Namespace, config: ServerConfig, hooks: PluginHooks) -> int:
+    """``generate`` or ``bench`` (``serve`` goes through the model router)."""
     from mlxcore.cli import commands
 
     if args.command == "generate":
         return commands.generate(args, config, hooks)
-    if args.command == "bench":
-        from mlxcore.bench import run_bench
+    from mlxcore.bench import run_bench
 
-        return run_bench(args, config)
-    return commands.serve(config, hooks)
+    return run_bench(args, config)

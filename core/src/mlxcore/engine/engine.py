@@ -81,17 +81,24 @@ class Engine:
         info: facts about the model.
         config: server configuration (batch, queue, memory and supervision bounds).
         parts: the strategy factories and the plugins' per-request processors.
+        memory_elsewhere: bytes the other models of this process hold, read whenever
+            admission checks the budget (the server's model router passes it).
     """
 
     def __init__(
-        self, model: Any, info: ModelInfo, config: ServerConfig, parts: EngineParts
+        self,
+        model: Any,
+        info: ModelInfo,
+        config: ServerConfig,
+        parts: EngineParts,
+        memory_elsewhere: Callable[[], int] | None = None,
     ) -> None:
         self.model = model
         self.info = info
         self.config = config
         self.parts = parts
         self.memory = MemoryBudget.for_model(
-            model, config.gpu_memory_utilization, config.mlx_cache_limit_bytes
+            model, config.gpu_memory_utilization, config.mlx_cache_limit_bytes, memory_elsewhere
         )
         self.max_context: int | None = config.max_model_len or info.context_length
         """The most tokens a sequence may hold: ``--max-model-len``, else the model's own."""
@@ -101,6 +108,8 @@ class Engine:
             context=self.max_context,
             memory_context=self.memory.max_context(),
         )
+        self.counters: collections.Counter[str] = collections.Counter()
+        """Totals across loops: ``prompt_tokens_processed``, ``prefill_shared_prefix_waits``."""
         self._loop = self._new_loop()
         self._waiting: collections.deque[RequestHandle] = collections.deque()
         self._wake = threading.Condition()
@@ -136,6 +145,8 @@ class Engine:
             self.info.eos_token_ids,
             self.config.prefill_batch_size,
             self.config.prefill_step_size,
+            self.config.prefill_decode_chunk,
+            self.counters,
         )
 
     @property
@@ -165,7 +176,8 @@ class Engine:
             self._epoch += 1
             epoch = self._epoch
             self._thread_done = run_job(lambda stream: self._run(stream, epoch, fresh=False))
-            if self._watchdog is None and self.config.engine_watchdog > 0:
+            watching = self._watchdog is not None and self._watchdog.is_alive()
+            if not watching and self.config.engine_watchdog > 0:
                 self._watchdog = threading.Thread(
                     target=self._watch, name="mlxcore-watchdog", daemon=True
                 )
@@ -262,6 +274,8 @@ class Engine:
             "prefix_cache_hits": cache.hits,
             "prefix_cache_misses": cache.misses,
             "prefix_cache_reused_tokens": cache.reused_tokens,
+            "prompt_tokens_processed": self.counters["prompt_tokens_processed"],
+            "prefill_shared_prefix_waits": self.counters["prefill_shared_prefix_waits"],
             "prefix_cache_entries": cache.entries,
             "prefix_cache_bytes": cache.nbytes,
             "memory_prefix_cache_budget_bytes": cache.capacity_bytes,
@@ -477,6 +491,8 @@ class Engine:
         while True:
             time.sleep(min(0.25, period / 10))
             with self._wake:
+                if self.state == "stopped":
+                    return  # let an unloaded engine (and its model) be freed
                 since = self._busy_since
                 if self.state != "running" or since is None:
                     continue

@@ -75,11 +75,10 @@ class RequestHandle:
         self.sink = sink
         self.on_admitted = on_admitted
         """Called (on the engine thread, must not block) when the request leaves the
-        waiting queue and starts, once its prefix-cache lookup is done
-        (:attr:`cached_tokens` is set by then); never called for a request that ends
-        while waiting."""
+        waiting queue and starts; never called for a request that ends while waiting."""
         self.cached_tokens = 0
-        """Prompt tokens found in the prefix cache at admission."""
+        """Prompt tokens found in the prefix cache (set when the lookup is done: at
+        admission, or after the prefill of a shared prefix this request waited for)."""
         self.queued_at = time.monotonic()
         self._cancel_reason: str | None = None
         self._lock = threading.Lock()

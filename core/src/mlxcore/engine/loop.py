@@ -11,6 +11,8 @@ Containment rules:
   hand-over to the decoder ends that request alone (``error``);
 * a decode step that fails fails the sequences in the batch and the decoder is
   rebuilt (its batch state is unknown after the failure);
+* a request waiting for another's prefill of their shared prefix (see
+  :mod:`mlxcore.engine.prefill_plan`) starts on its own when that one ends, however it ends;
 * anything else that raises out of :meth:`BatchLoop.iterate` is a fault: the engine
   fails every request and replaces the loop.
 """
@@ -19,7 +21,6 @@ from __future__ import annotations
 
 import collections
 import copy
-import itertools
 import logging
 import secrets
 from collections.abc import Callable
@@ -29,6 +30,7 @@ import attrs
 import mlx.core as mx
 
 from mlxcore.engine.events import Event, FinishEvent, RequestHandle, TokenEvent, Usage
+from mlxcore.engine.prefill_plan import find_shared_prefix, plan_step
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.sampling import make_processors, make_sampler, token_with_logprobs
 from mlxcore.engine.strategies import (
@@ -86,10 +88,31 @@ class AdmittedRequest:
     """True once the prefill generator ran a step (the task can no longer be batched)."""
     solo: bool = False
     """True after a batched prefill with this task failed: prefill it alone."""
+    processed: int = 0
+    """Prompt tokens the prefill processed so far (after the cached ``task.start``)."""
 
     @property
     def request(self) -> GenerationRequest:
         return self.handle.request
+
+    @property
+    def progress(self) -> int:
+        """Prompt tokens the request's cache holds now."""
+        return (self.task.start if self.task is not None else 0) + self.processed
+
+    @property
+    def remaining(self) -> int:
+        """Prompt tokens still to process."""
+        return len(self.request.prompt_tokens) - self.progress
+
+
+@attrs.frozen
+class Parked:
+    """A request waiting until ``leader``'s prefill holds its first ``length`` tokens."""
+
+    follower: AdmittedRequest
+    leader: AdmittedRequest
+    length: int
 
 
 def send(handle: RequestHandle, event: Event) -> None:
@@ -109,7 +132,11 @@ class BatchLoop:
         parts: the strategy factories and the plugins' processors.
         eos_token_ids: the model's end-of-sequence ids.
         prefill_batch_size: most prompts prefilled together (1: never batch).
-        prefill_step_size: prefill chunk size, the token budget of a batched prefill.
+        prefill_step_size: prefill chunk size, the token budget of a step when nothing
+            decodes.
+        decode_chunk: the prefill token budget of a step while sequences decode (0: the
+            same as ``prefill_step_size``).
+        counters: totals kept across loops (``prompt_tokens_processed``).
     """
 
     def __init__(
@@ -118,16 +145,24 @@ class BatchLoop:
         eos_token_ids: frozenset[int],
         prefill_batch_size: int,
         prefill_step_size: int,
+        decode_chunk: int = 0,
+        counters: collections.Counter[str] | None = None,
     ) -> None:
         self.parts = parts
         self.eos_token_ids = eos_token_ids
         self.prefill_batch_size = prefill_batch_size
         self.prefill_step_size = prefill_step_size
+        self.decode_chunk = decode_chunk
+        self.counters: collections.Counter[str] = (
+            counters if counters is not None else collections.Counter()
+        )
         self.cache = parts.cache()
         self.prefill = parts.prefill()
         self.decoder = parts.decoder()
         self.live: dict[int, AdmittedRequest] = {}
         self.prefilling: collections.deque[AdmittedRequest] = collections.deque()
+        self.parked: list[Parked] = []
+        self.shorts_in_a_row = 0
         self.abandoned = False
         """Set when the engine gave up on this loop (a hung step): it sends nothing more."""
 
@@ -137,12 +172,13 @@ class BatchLoop:
     # -- one iteration ---------------------------------------------------------
 
     def iterate(self, admitted: list[RequestHandle]) -> None:
-        """Admit ``admitted``, advance prefill by one chunk, run one decode step."""
+        """Admit ``admitted``, do one step's prefill work, run one decode step."""
         for handle in admitted:
             self.admit(handle)
         self.retire_cancelled()
-        if self.prefilling and not self.prefill_together():
-            self.advance_prefill()
+        self.unpark()
+        if self.prefilling:
+            self.prefill_step()
         if len(self.decoder):
             self.decode_step()
 
@@ -157,17 +193,75 @@ class BatchLoop:
             live.stop_ids = self.eos_token_ids | req.stop_token_ids
             if req.cache_key is not None and len(req.cache_key) != len(req.prompt_tokens):
                 raise ValueError("cache_key must be as long as the prompt")
+        except Exception as exc:
+            self.fail(live, exc)
+            return
+        if not self._park(live):
+            self.start_prefill(live)
+        # Told after the prefix-cache lookup, so the front end reads the final
+        # ``cached_tokens`` (Anthropic's message_start reports it).
+        if handle.on_admitted is not None and handle.uid in self.live:
+            try:
+                handle.on_admitted()
+            except Exception:
+                log.exception("request %s: the admission callback failed", handle.uid)
+
+    def start_prefill(self, live: AdmittedRequest) -> None:
+        """Look the prompt up in the prefix cache and queue its prefill."""
+        req = live.request
+        try:
             lookup = self.cache.lookup(req.cache_tokens)
-            usage.cached_tokens = handle.cached_tokens = lookup.cached_tokens
+            live.usage.cached_tokens = live.handle.cached_tokens = lookup.cached_tokens
             live.task = PrefillTask(req, lookup.cache, lookup.cached_tokens)
             live.task.snapshot = self._snapshotter(live.task)
             live.prefill = self.prefill.prefill(live.task)
-            if handle.on_admitted is not None:
-                handle.on_admitted()
         except Exception as exc:
             self.fail(live, exc)
             return
         self.prefilling.append(live)
+
+    # -- shared prefixes -------------------------------------------------------
+
+    def _park(self, live: AdmittedRequest) -> bool:
+        """Let ``live`` wait for a prefill in progress that computes much of its prompt;
+        False when there is none worth waiting for."""
+        if live.request.media is not None or not self.prefill.stops_at_checkpoints:
+            return False
+        candidates = [
+            (other, other.request.cache_tokens, other.progress, other.task.extra_checkpoints)
+            for other in self.prefilling
+            if other.task is not None
+            and other.request.media is None
+            and other.handle.cancel_reason is None
+        ]
+        try:
+            shared = find_shared_prefix(live.request.cache_tokens, candidates)
+        except Exception:
+            log.exception("looking for a shared prefix failed")
+            return False
+        if shared is None:
+            return False
+        leader = next(c[0] for c in candidates if c[0] is shared.leader)
+        assert leader.task is not None
+        if shared.length not in leader.task.extra_checkpoints:
+            leader.task.extra_checkpoints.append(shared.length)
+        live.handle.cached_tokens = shared.length  # what it will reuse from the leader
+        self.parked.append(Parked(live, leader, shared.length))
+        self.counters["prefill_shared_prefix_waits"] += 1
+        return True
+
+    def unpark(self) -> None:
+        """Start the waiting requests whose leader passed the shared prefix or left."""
+        waiting: list[Parked] = []
+        for entry in self.parked:
+            follower, leader = entry.follower, entry.leader
+            if follower.handle.cancel_reason is not None:
+                self.finish(follower, follower.handle.cancel_reason)
+            elif leader in self.prefilling and leader.progress < entry.length:
+                waiting.append(entry)
+            else:
+                self.start_prefill(follower)
+        self.parked = waiting
 
     def _snapshotter(self, task: PrefillTask) -> Any:
         """The ``snapshot`` callback: keep a copy of the cache at a checkpoint."""
@@ -194,20 +288,44 @@ class BatchLoop:
             live.solo = True
             return False
 
-    def prefill_together(self) -> bool:
-        """Prefill the waiting head and the not-yet-started prompts that can join it in
-        one batch (``--prefill-batch-size``); False when there was nothing to batch."""
-        cap, budget = self.prefill_batch_size, self.prefill_step_size
-        if cap < 2 or not self._batchable(self.prefilling[0]):
-            return False
-        group = [self.prefilling[0]]
-        for live in itertools.islice(self.prefilling, 1, None):
-            if len(group) >= cap:
-                break
-            if self._batchable(live) and _cheap_enough([*group, live], budget):
-                group.append(live)
-        if len(group) < 2:
-            return False
+    def prefill_step(self) -> None:
+        """One step's prefill work, chosen by :func:`~mlxcore.engine.prefill_plan.plan_step`:
+        short prompts whole (together when they can), or the next chunk of a long one."""
+        self._drop_cancelled_prefills()
+        decoding = len(self.decoder) > 0
+        budget = self.prefill_step_size
+        if decoding and self.decode_chunk:
+            budget = min(budget, self.decode_chunk)
+
+        def is_short(item: Any) -> bool:
+            return not item.prefill_begun and item.remaining <= budget + 1
+
+        plan = plan_step(
+            self.prefilling, is_short, budget, self.prefill_batch_size, self.shorts_in_a_row
+        )
+        if plan is None:
+            return
+        group: list[AdmittedRequest] = plan.group  # type: ignore[assignment]
+        if not plan.short:
+            self.shorts_in_a_row = 0
+            self.advance_prefill(group[0], budget if decoding else None)
+            return
+        more = len(self.prefilling) > len(group)
+        self.shorts_in_a_row = self.shorts_in_a_row + 1 if more else 0
+        together = [live for live in group if self._batchable(live)] if len(group) > 1 else []
+        if len(together) > 1 and self.prefill_together(together):
+            group = [live for live in group if live not in together]
+        for live in group:
+            self.prefill_whole(live)
+
+    def _drop_cancelled_prefills(self) -> None:
+        for live in [x for x in self.prefilling if x.handle.cancel_reason is not None]:
+            self.prefilling.remove(live)
+            self._close_prefill(live)
+            self.finish(live, live.handle.cancel_reason or "cancelled")
+
+    def prefill_together(self, group: list[AdmittedRequest]) -> bool:
+        """Prefill ``group`` in one batch; False (and each marked solo) if it failed."""
         tasks = [live.task for live in group if live.task is not None]
         try:
             results = self.prefill.prefill_batch(tasks)
@@ -232,30 +350,35 @@ class BatchLoop:
                 log.exception("prefill strategy %s: closing a prefill failed", self.prefill.name)
             live.prefill = None
 
-    def advance_prefill(self) -> None:
-        live = self.prefilling[0]
+    def advance_prefill(self, live: AdmittedRequest, step_tokens: int | None = None) -> bool:
+        """Run one chunk of ``live``'s prefill (at most ``step_tokens`` tokens when the
+        strategy honours it); True when the prefill ended (finished or failed)."""
         assert live.prefill is not None and live.task is not None
-        if live.handle.cancel_reason is not None:
-            self.prefilling.popleft()
-            self._close_prefill(live)
-            self.finish(live, live.handle.cancel_reason)
-            return
         live.prefill_begun = True
+        live.task.step_tokens = step_tokens
         try:
-            next(live.prefill)
-            return
+            live.processed = int(next(live.prefill))
+            return False
         except StopIteration as done:
             result = done.value
         except Exception as exc:
-            self.prefilling.popleft()
+            self.prefilling.remove(live)
             self.fail(live, exc)
-            return
-        self.prefilling.popleft()
+            return True
+        self.prefilling.remove(live)
         self.prefilled(live, result)
+        return True
+
+    def prefill_whole(self, live: AdmittedRequest) -> None:
+        """Run a short prompt's prefill to its end in this step."""
+        while not self.advance_prefill(live):
+            pass
 
     def prefilled(self, live: AdmittedRequest, result: PrefillResult) -> None:
         """A prefill finished: sample the first token and hand the sequence to the decoder."""
         assert live.task is not None
+        live.processed = len(live.request.prompt_tokens) - live.task.start
+        self.counters["prompt_tokens_processed"] += live.processed
         try:
             live.reusable = result.reusable
             live.usage.extra.update(result.usage)
@@ -384,6 +507,7 @@ class BatchLoop:
         for live in list(self.live.values()):
             self.finish(live, "error", error, code)
         self.prefilling.clear()
+        self.parked.clear()
 
     def send(self, handle: RequestHandle, event: Event) -> None:
         if not self.abandoned:
@@ -404,20 +528,6 @@ def repair_random_state() -> None:
     except Exception:
         log.warning("MLX's global random state was broken by a failed request; reseeding")
         mx.random.seed(secrets.randbits(63))
-
-
-_PADDING_SLACK = 256
-"""Padded tokens a batch may always waste (short prompts cost little either way)."""
-
-
-def _cheap_enough(group: list[AdmittedRequest], budget: int) -> bool:
-    """Batch only while the padded batch (every row as long as the longest remaining
-    prompt) is at most ``budget`` tokens, one prefill chunk, so running streams wait
-    no longer for a batch than for a chunk; and while padding at most doubles the work,
-    give or take :data:`_PADDING_SLACK` tokens."""
-    lengths = [len(live.task.remaining) for live in group if live.task is not None]
-    padded = len(lengths) * max(lengths)
-    return padded <= budget and padded <= 2 * sum(lengths) + _PADDING_SLACK
 
 
 def _guard(live: AdmittedRequest, proc: LogitsProcessor) -> LogitsProcessor:

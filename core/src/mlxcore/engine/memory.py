@@ -123,10 +123,20 @@ class MemoryBudget:
     weights: int
     per_token: int
     cache_limit: int = 0
+    elsewhere: Callable[[], int] | None = None
+    """Bytes other models in this process hold (several models share one budget)."""
 
     @classmethod
-    def for_model(cls, model: Any, utilization: float, cache_limit: int) -> MemoryBudget:
-        """Measure the model and set MLX's memory and buffer-cache limits."""
+    def for_model(
+        cls,
+        model: Any,
+        utilization: float,
+        cache_limit: int,
+        elsewhere: Callable[[], int] | None = None,
+    ) -> MemoryBudget:
+        """Measure the model and set MLX's memory and buffer-cache limits (``elsewhere``:
+        see the attribute; the weights are then this model's parameters, not all of
+        MLX's active memory)."""
         tune_allocator()
         total = physical_memory()
         limit = int(total * utilization) if total else None
@@ -134,7 +144,7 @@ class MemoryBudget:
             mx.set_memory_limit(limit)
             cache_limit = min(cache_limit, limit // 4)
         mx.set_cache_limit(cache_limit)
-        weights = mx.get_active_memory()
+        weights = parameter_bytes(model) if elsewhere else mx.get_active_memory()
         per_token = kv_bytes_per_token(model)
         mx.clear_cache()
         log.info(
@@ -144,19 +154,28 @@ class MemoryBudget:
             per_token / 2**10,
             cache_limit / 2**20,
         )
-        return cls(limit=limit, weights=weights, per_token=per_token, cache_limit=cache_limit)
+        return cls(limit, weights, per_token, cache_limit, elsewhere)
 
     def kv_budget(self, prefix_cache_bytes: int) -> int | None:
         """Bytes left for running requests' caches (``None``: no limit known)."""
         if self.limit is None:
             return None
-        return max(0, self.limit - self.weights - self.cache_limit - prefix_cache_bytes)
+        others = self.elsewhere() if self.elsewhere else 0
+        return max(0, self.limit - self.weights - others - self.cache_limit - prefix_cache_bytes)
 
     def max_context(self) -> int | None:
         """The longest context one sequence could ever hold, alone."""
         if self.limit is None or self.per_token <= 0:
             return None
         return max(0, (self.limit - self.weights - self.cache_limit) // self.per_token)
+
+
+def parameter_bytes(model: Any) -> int:
+    """Bytes of a model's parameters (its weights, whatever else MLX holds)."""
+    from mlx.utils import tree_flatten
+
+    leaves: list[tuple[str, Any]] = tree_flatten(model.parameters())  # type: ignore[assignment]
+    return sum(int(v.nbytes) for _, v in leaves)
 
 
 def compact_cache(cache: list[Any]) -> list[Any]:
@@ -167,12 +186,14 @@ def compact_cache(cache: list[Any]) -> list[Any]:
     reporting only their own size. A cache kept for later (the prefix cache) must be
     copied out, or memory grows with every batch while the accounting sees nothing.
     Plain ``KVCache`` layers are also cut to their filled length (their buffers grow in
-    steps of 256 tokens). Returns ``cache``.
+    steps of 256 tokens). The copies are scheduled with ``mx.async_eval``: they run after
+    the work already queued on the stream (a decode step in flight) without making the
+    engine thread wait for it. Returns ``cache``.
     """
     arrays: list[mx.array] = []
     for layer in cache:
         _compact_layer(layer, arrays)
-    mx.eval(arrays)
+    mx.async_eval(arrays)
     return cache
 
 

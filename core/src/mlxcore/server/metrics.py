@@ -6,13 +6,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import mlx.core as mx
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from mlxcore.engine.events import FinishEvent
 
 PREFIX = "mlxcore"
+MODEL_STATES = ("not_loaded", "loading", "loaded", "failed")
 
 
 class _GaugeReader(Collector):
@@ -51,10 +52,34 @@ class Metrics:
             ["method", "route", "status"],
             registry=r,
         )
+        self.model_loads = Counter(
+            f"{PREFIX}_model_loads", "model loads by result", ["model", "result"], registry=r
+        )
+        self.model_unloads = Counter(
+            f"{PREFIX}_model_unloads", "models unloaded (idle, evicted)", ["model"], registry=r
+        )
+        self.model_load_seconds = Histogram(
+            f"{PREFIX}_model_load_seconds", "time to load a model", registry=r
+        )
+        self._model_state = Gauge(
+            f"{PREFIX}_model_state",
+            "1 for each model's current state (not_loaded, loading, loaded, failed)",
+            ["model", "state"],
+            registry=r,
+        )
         self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds", "TTFT", registry=r)
         self.latency = Histogram(f"{PREFIX}_request_seconds", "request duration", registry=r)
         if live is not None:
-            r.register(_GaugeReader(live))
+            self.watch(live)
+
+    def watch(self, live: Callable[[], dict[str, float]]) -> None:
+        """Expose ``live()``'s values as gauges, read at every scrape."""
+        self.registry.register(_GaugeReader(live))
+
+    def model_state(self, model: str, state: str) -> None:
+        """Record that ``model`` is now in ``state``."""
+        for name in MODEL_STATES:
+            self._model_state.labels(model=model, state=name).set(1 if name == state else 0)
 
     async def count_response(self, message: Any, scope: Any) -> None:
         """A Litestar ``before_send`` hook: count each response as it starts."""

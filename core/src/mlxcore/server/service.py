@@ -61,9 +61,27 @@ tokenizer: it is refused before it is templated or tokenized."""
 class GenerationService:
     """Shared services for every front end: preparation, validation, running generations."""
 
-    def __init__(self, runtime: Runtime, metrics: Metrics) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        metrics: Metrics,
+        names: Sequence[str] = (),
+        task: str = "generate",
+        pooling: str = "last",
+    ) -> None:
         self.runtime = runtime
         self.metrics = metrics
+        self.names = tuple(names)
+        """The names clients use for this model (the first is reported); empty: from the
+        configuration (``--served-model-name`` or the model's own name)."""
+        self.task = task
+        """``generate`` or ``embed`` (an embedding model serves only /v1/embeddings)."""
+        self.pooling = pooling
+        """How embeddings are taken from the hidden states: ``last`` or ``mean``."""
+        self.embedding_runs = 0
+        """Embedding requests in progress (the model is busy while they run)."""
+        self.embedding_turn = asyncio.Lock()
+        """Held while an embedding forward pass runs (they take turns)."""
         workers = runtime.config.prepare_workers
         # A few threads (the tokenizer is safe to share): one slow request (a huge
         # prompt, a slow remote image) does not hold up the requests behind it.
@@ -89,6 +107,14 @@ class GenerationService:
             raise invalid(exc.message, exc.field) from None
         finally:
             self._preparing -= 1
+
+    @property
+    def busy(self) -> bool:
+        """True while any request of this model is being prepared, queued, generated or
+        embedded (the router never unloads a busy model)."""
+        stats = self.runtime.engine.stats()
+        running = stats.get("requests_running", 0) + stats.get("requests_waiting", 0)
+        return bool(self._preparing or self.embedding_runs or running)
 
     def close(self) -> None:
         """Stop the preparation threads (work already queued still runs)."""

@@ -69,3 +69,26 @@ def submit_together(
         if not result.done.wait(timeout):
             raise TimeoutError("a request never finished")
     return results
+
+
+def reference_tokens(rt: Runtime, prompt: Sequence[int], n: int) -> list[int]:
+    """Greedy tokens from mlx-lm's own ``stream_generate``: the ground truth."""
+    from mlx_lm import stream_generate
+    from mlx_lm.sample_utils import make_sampler
+
+    sampler = make_sampler(0.0)
+    return [
+        r.token for r in stream_generate(rt.model, rt.tokenizer, list(prompt), n, sampler=sampler)
+    ]
+
+
+def assert_matches_mlx_lm(rt: Runtime, request: GenerationRequest, result: Result) -> None:
+    """Assert that a greedy request finished normally with mlx-lm's tokens and usage."""
+    finish = result.finish
+    assert finish is not None and finish.reason in ("length", "stop"), finish
+    expected = reference_tokens(rt, request.prompt_tokens, request.max_tokens)
+    assert result.tokens == expected[: len(result.tokens)], (
+        f"diverged for a prompt of {len(request.prompt_tokens)} tokens"
+    )
+    assert finish.usage.prompt_tokens == len(request.prompt_tokens)
+    assert finish.usage.completion_tokens == len(result.tokens)

@@ -15,11 +15,10 @@ from mlxcore.server import builder
 from mlxcore.server.builder import ChatPrompt, Constraint, RequestSpec
 from mlxcore.server.errors import APIError, as_api_error, invalid
 from mlxcore.server.frontend import (
-    check_model,
     decode_body,
     decode_request,
+    model_service,
     served_name,
-    service_of,
     unless_disconnected,
 )
 from mlxcore.server.service import Generation, GenerationService, collect
@@ -115,9 +114,8 @@ def _forced_tool_choice(
 @post("/messages", status_code=200, opt={"body": MessagesRequest})
 async def messages(request: Request[Any, Any, Any]) -> Any:
     """Anthropic Messages."""
-    svc = service_of(request)
     body, extras = await decode_request(request, MessagesRequest)
-    check_model(svc, body.model)
+    svc = await model_service(request, body.model)
     gen = await svc.prepare(build_generation, svc, body, extras)
     deltas = await unless_disconnected(request, svc.start(gen))
     model = served_name(svc, body.model)
@@ -173,9 +171,8 @@ async def _events(
 @post("/messages/count_tokens", status_code=200, opt={"body": CountTokensRequest})
 async def count_tokens(request: Request[Any, Any, Any]) -> dict[str, int]:
     """How many input tokens a Messages request's prompt has."""
-    svc = service_of(request)
     body = await decode_body(request, CountTokensRequest)
-    check_model(svc, body.model)
+    svc = await model_service(request, body.model)
     prompt = await svc.prepare(
         lambda: builder.prepare_prompt(
             svc, builder.with_server_defaults(svc, chat_prompt(svc, body)), {}

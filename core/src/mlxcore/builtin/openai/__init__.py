@@ -1,4 +1,4 @@
-"""Built-in plugin: the OpenAI-compatible routes (chat completions, completions, models)."""
+"""Built-in plugin: the OpenAI routes (chat, completions, embeddings, responses)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ def mlxcore_routes(config: ServerConfig) -> list[Any]:
     """``/v1/chat/completions``, ``/v1/completions``, ``/v1/models`` and the Responses
     API (``/v1/responses`` and its stored-response routes)."""
     from mlxcore.builtin.openai.chat import chat_completions
-    from mlxcore.builtin.openai.completions import completions, list_models
+    from mlxcore.builtin.openai.completions import completions
+    from mlxcore.builtin.openai.embeddings import create_embeddings
     from mlxcore.builtin.openai.responses.routes import ROUTES
 
-    return [chat_completions, completions, list_models, *ROUTES]
+    return [chat_completions, completions, create_embeddings, *ROUTES]

@@ -25,10 +25,9 @@ from mlxcore.output import OutputDelta
 from mlxcore.server import builder
 from mlxcore.server.builder import ChatPrompt, RequestSpec
 from mlxcore.server.frontend import (
-    check_model,
     decode_request,
+    model_service,
     served_name,
-    service_of,
     unless_disconnected,
 )
 from mlxcore.server.service import Generation, GenerationService, collect, merge_streams
@@ -80,9 +79,8 @@ def build_generations(
 @post("/v1/chat/completions", status_code=200, opt={"body": ChatCompletionRequest})
 async def chat_completions(request: Request[Any, Any, Any]) -> Any:
     """OpenAI chat completions."""
-    svc = service_of(request)
     body, options = await decode_request(request, ChatCompletionRequest)
-    check_model(svc, body.model)
+    svc = await model_service(request, body.model)
     gens = await svc.prepare(build_generations, svc, body, options)
     streams = await unless_disconnected(request, svc.start_all(gens))
     model = served_name(svc, body.model)

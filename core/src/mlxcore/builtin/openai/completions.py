@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from litestar import Request, Response, get, post
+from litestar import Request, Response, post
 
 from mlxcore.builtin.openai import convert
 from mlxcore.builtin.openai.encode import (
@@ -24,11 +24,9 @@ from mlxcore.server import builder
 from mlxcore.server.builder import RequestSpec, TextPrompt
 from mlxcore.server.errors import invalid
 from mlxcore.server.frontend import (
-    check_model,
     decode_request,
+    model_service,
     served_name,
-    served_names,
-    service_of,
     unless_disconnected,
 )
 from mlxcore.server.service import Generation, GenerationService, collect, merge_streams
@@ -85,9 +83,8 @@ def build_generations(
 @post("/v1/completions", status_code=200, opt={"body": CompletionRequest})
 async def completions(request: Request[Any, Any, Any]) -> Any:
     """OpenAI (legacy) text completions."""
-    svc = service_of(request)
     body, options = await decode_request(request, CompletionRequest)
-    check_model(svc, body.model)
+    svc = await model_service(request, body.model)
     gens = await svc.prepare(build_generations, svc, body, options)
     echo = ""
     if body.echo:
@@ -150,23 +147,3 @@ async def _stream(
     if include_usage:
         yield chunk([], usage=usage_body([g.usage for g in gens]))
     yield SSE_DONE
-
-
-@get("/v1/models")
-async def list_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    """Every served name, with ``root`` = the resolved local model path (as vLLM reports)."""
-    svc = service_of(request)
-    root = str(svc.runtime.info.path)
-    created = now()
-    data = [
-        {
-            "id": name,
-            "object": "model",
-            "created": created,
-            "owned_by": "mlxcore",
-            "root": root,
-            "parent": None,
-        }
-        for name in served_names(svc)
-    ]
-    return {"object": "list", "data": data}

@@ -30,10 +30,9 @@ from mlxcore.server import builder
 from mlxcore.server.builder import ChatPrompt, RequestSpec
 from mlxcore.server.errors import APIError, invalid
 from mlxcore.server.frontend import (
-    check_model,
     decode_request,
+    model_service,
     served_name,
-    service_of,
     unless_disconnected,
 )
 from mlxcore.server.service import Generation, GenerationService
@@ -64,7 +63,7 @@ def store_of(request: Request[Any, Any, Any]) -> ResponseStore:
     """The app's response store (made on first use from the server's settings)."""
     state = request.app.state
     if "responses_store" not in state:
-        config = service_of(request).config
+        config = request.app.state.config
         state["responses_store"] = ResponseStore(config.responses_store_bytes, config.responses_ttl)
         state["responses_running"] = {}
     return cast(ResponseStore, state["responses_store"])
@@ -259,9 +258,8 @@ def _final(
 @post("/v1/responses", status_code=200, opt={"body": ResponsesRequest})
 async def create_response(request: Request[Any, Any, Any]) -> Any:
     """OpenAI Responses: create a model response."""
-    svc = service_of(request)
     body, extras = await decode_request(request, ResponsesRequest)
-    check_model(svc, body.model)
+    svc = await model_service(request, body.model)
     store = store_of(request)
     history: list[dict[str, Any]] = []
     if body.previous_response_id:

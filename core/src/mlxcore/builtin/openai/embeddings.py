@@ -1,0 +1,131 @@
+"""``POST /v1/embeddings`` in OpenAI's shape (see :mod:`mlxcore.embeddings` for how the
+vectors are computed)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import struct
+from typing import Any, Literal
+
+import msgspec
+from litestar import Request, post
+
+from mlxcore.embeddings import EmbeddingError, embed_tokens, hidden_size
+from mlxcore.engine.threads import call_on_worker
+from mlxcore.server.errors import APIError, invalid, overloaded
+from mlxcore.server.frontend import decode_body, model_service, served_name, unless_disconnected
+from mlxcore.server.service import GenerationService
+
+MAX_INPUTS = 2048
+"""Most inputs in one request (OpenAI's limit)."""
+
+
+class EmbeddingRequest(msgspec.Struct, kw_only=True):
+    # a string, strings, token ids, or lists of token ids: checked in :func:`_inputs`
+    input: str | list[Any]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+
+
+def _inputs(svc: GenerationService, body: EmbeddingRequest) -> list[list[int]]:
+    """Token ids of every input; a 400 naming the input for anything wrong."""
+    raw = body.input
+    items: list[Any]
+    if isinstance(raw, str):
+        items = [raw]
+    elif raw and all(isinstance(x, int) and not isinstance(x, bool) for x in raw):
+        items = [raw]  # one input given as token ids
+    else:
+        items = list(raw)
+    if not items:
+        raise invalid("input must not be empty", "input")
+    if len(items) > MAX_INPUTS:
+        raise invalid(f"at most {MAX_INPUTS} inputs per request, got {len(items)}", "input")
+    vocab = svc.runtime.engine.limits.vocab_size
+    limit = svc.context_length
+    out: list[list[int]] = []
+    for i, item in enumerate(items):
+        field = f"input[{i}]" if len(items) > 1 or not isinstance(raw, str) else "input"
+        if isinstance(item, str):
+            if not item:
+                raise invalid("an input must not be an empty string", field)
+            svc.check_prompt_size(len(item), field)
+            ids = list(svc.runtime.tokenizer.encode(item))
+        elif isinstance(item, list) and item and all(_is_token(t) for t in item):
+            ids = list(item)
+            if any(not 0 <= t < vocab for t in ids):
+                raise invalid(f"token ids must be in [0, {vocab})", field)
+        else:
+            raise invalid("each input must be a non-empty string or list of token ids", field)
+        if not ids:
+            raise invalid("this input has no tokens", field)
+        if limit is not None and len(ids) > limit:
+            raise APIError(
+                400,
+                f"{field} has {len(ids)} tokens, more than the model's context of {limit}",
+                param=field,
+                code="context_length_exceeded",
+            )
+        out.append(ids)
+    return out
+
+
+def _is_token(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_dimensions(svc: GenerationService, dimensions: int | None) -> None:
+    if dimensions is None:
+        return
+    try:
+        width = hidden_size(svc.runtime.model)
+    except EmbeddingError as exc:
+        raise invalid(str(exc), "model") from None
+    if not 1 <= dimensions <= width:
+        raise invalid(f"dimensions must be between 1 and {width} for this model", "dimensions")
+
+
+def _encode(vector: list[float], encoding: str) -> list[float] | str:
+    if encoding == "base64":  # little-endian float32, as OpenAI's client decodes it
+        return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+    return vector
+
+
+@post("/v1/embeddings", status_code=200, opt={"body": EmbeddingRequest})
+async def create_embeddings(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    """OpenAI embeddings: one vector per input, in order."""
+    body = await decode_body(request, EmbeddingRequest)
+    svc = await model_service(request, body.model, task=None)
+    _check_dimensions(svc, body.dimensions)
+    inputs = await svc.prepare(_inputs, svc, body)
+    if svc.embedding_runs >= svc.config.max_queue_size:
+        raise overloaded(f"server busy: {svc.embedding_runs} embedding requests in progress")
+    model, pooling, dimensions = svc.runtime.model, svc.pooling, body.dimensions
+
+    async def run() -> list[list[float]]:
+        async with svc.embedding_turn:  # one forward pass of this model at a time
+            work = call_on_worker(
+                lambda: embed_tokens(model, inputs, pooling=pooling, dimensions=dimensions)
+            )
+            return await asyncio.shield(asyncio.wrap_future(work))
+
+    svc.embedding_runs += 1
+    try:
+        vectors = await unless_disconnected(request, run())
+    except EmbeddingError as exc:
+        raise invalid(str(exc), "model") from None
+    finally:
+        svc.embedding_runs -= 1
+    tokens = sum(len(ids) for ids in inputs)
+    return {
+        "object": "list",
+        "data": [
+            {"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format)}
+            for i, v in enumerate(vectors)
+        ],
+        "model": served_name(svc, body.model),
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }

@@ -1,0 +1,101 @@
+"""``/v1/models``: the models a server serves and their state, and the admin routes that
+load and unload them (behind ``--api-key`` like every route but /health)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Request, get, post
+from litestar.handlers import HTTPRouteHandler
+
+from mlxcore.server.errors import APIError
+from mlxcore.server.router import ModelRouter, ModelSlot
+
+CREATED = 0
+"""``created`` of every model entry (OpenAI's field; mlxcore does not track it)."""
+
+
+def _router(request: Request[Any, Any, Any]) -> ModelRouter:
+    router: ModelRouter = request.app.state.router
+    return router
+
+
+def _entries(router: ModelRouter, slot: ModelSlot) -> list[dict[str, Any]]:
+    """One entry per name of ``slot`` (aliases say whose alias they are)."""
+    about = router.describe(slot)
+    source = slot.spec.config.model
+    entries = []
+    for name in slot.spec.names:
+        entry: dict[str, Any] = {
+            "id": name,
+            "object": "model",
+            "created": CREATED,
+            "owned_by": "mlxcore",
+            # what the user passed (never a resolved cache path); the name for the default
+            "root": source if source is not None else slot.spec.name,
+            "parent": None,
+            **about,
+        }
+        if name != slot.spec.name:
+            entry["alias_of"] = slot.spec.name
+        entries.append(entry)
+    return entries
+
+
+@get("/v1/models")
+async def list_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    """Every model and alias, with its state (``not_loaded``, ``loading``, ``loaded``,
+    ``failed``) and context length."""
+    router = _router(request)
+    data = [entry for slot in router.slots for entry in _entries(router, slot)]
+    return {"object": "list", "data": data}
+
+
+def _known(router: ModelRouter, model_id: str) -> ModelSlot:
+    slot = router.find(model_id)
+    if slot is None:
+        raise APIError(
+            404,
+            f"the model {model_id!r} does not exist; this server serves "
+            f"{', '.join(router.names())}",
+            param="model",
+            code="model_not_found",
+        )
+    return slot
+
+
+@get("/v1/models/{model_id:str}")
+async def retrieve_model(request: Request[Any, Any, Any], model_id: str) -> dict[str, Any]:
+    """One model (or alias) by name."""
+    router = _router(request)
+    slot = _known(router, model_id)
+    return next(e for e in _entries(router, slot) if e["id"] == model_id)
+
+
+@post("/v1/models/{model_id:str}/load", status_code=200)
+async def load_model(request: Request[Any, Any, Any], model_id: str) -> dict[str, Any]:
+    """Load a model now (after a failure too); answers once it is loaded."""
+    router = _router(request)
+    slot = _known(router, model_id)
+    await router.load(slot, retry=True)
+    return {"id": slot.spec.name, "object": "model", **router.describe(slot)}
+
+
+@post("/v1/models/{model_id:str}/unload", status_code=200)
+async def unload_model(request: Request[Any, Any, Any], model_id: str) -> dict[str, Any]:
+    """Unload a model that is not in use (409 while it has requests in flight; a pinned
+    model can be unloaded only this way)."""
+    router = _router(request)
+    slot = _known(router, model_id)
+    if not await router.unload(slot, "asked through the admin route"):
+        raise APIError(
+            409,
+            f"the model {slot.spec.name!r} has requests in flight; retry when they finish",
+            code="model_busy",
+        )
+    return {"id": slot.spec.name, "object": "model", **router.describe(slot)}
+
+
+def model_routes() -> list[HTTPRouteHandler]:
+    """The route handlers of this module."""
+    return [list_models, retrieve_model, load_model, unload_model]
