@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
+from typing import Any
 
 from mlxcore.bench.agent import run_agent_session
 
@@ -16,3 +17,27 @@ def test_agent_session_turns_reuse_their_history(tiny_qwen3_5: Path) -> None:
         assert after["prompt_tokens"] > before["prompt_tokens"]
         assert after["cached_fraction"] >= 0.9, turns
     assert result["min_cached_fraction_after_first"] >= 0.9
+
+
+def test_a_restart_loses_the_cache_unless_a_plugin_keeps_it(
+    tiny_qwen3: Path, tmp_path: Path
+) -> None:
+    from mlxcore.testing.runtime import make_runtime
+
+    def with_disk() -> Any:
+        options = {"disk_cache_dir": str(tmp_path), "disk_cache_min_tokens": 64}
+        return make_runtime(tiny_qwen3, "disk-cache", plugin_options=options, max_model_len=None)
+
+    kept = run_agent_session(
+        str(tiny_qwen3), turns=2, system_tokens=400, max_tokens=2, restart_at=1,
+        sessions=2, make_runtime=with_disk,
+    )  # fmt: skip
+    lost = run_agent_session(
+        str(tiny_qwen3), turns=2, system_tokens=400, max_tokens=2, restart_at=1
+    )
+    assert kept["restart_at"] == 1 and len(kept["sessions"]) == 2
+    for turn in kept["first_turn_after_restart"]:
+        assert turn["cached_fraction"] >= 0.9, kept["first_turn_after_restart"]
+    assert kept["prefix_cache"]["prefix_cache_disk_reads"] >= 2
+    (after,) = lost["first_turn_after_restart"]
+    assert after["cached_tokens"] == 0

@@ -25,12 +25,12 @@ import argparse
 from typing import Any
 
 
-def run_bench(args: argparse.Namespace, config: Any = None) -> int:
+def run_bench(args: argparse.Namespace, config: Any = None, hooks: Any = None) -> int:
     """Run ``mlxcore bench`` from parsed command-line arguments; return the exit code."""
     if getattr(args, "agent_session", False):
         from mlxcore.bench.agent import main_agent
 
-        return main_agent(args)
+        return main_agent(args, config, hooks)
     if getattr(args, "peer", None) is not None:
         from mlxcore.bench.peer import main_peer
 

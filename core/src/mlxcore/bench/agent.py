@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -63,9 +64,10 @@ class Turn:
         return self.cold_ttft_s / self.ttft_s if self.ttft_s > 0 else 0.0
 
 
-def _runtime(model: str, cache_size: str) -> Runtime:
+def default_runtime(model: str, cache_size: str = "100000") -> Runtime:
+    """A runtime with the installed autoloading plugins (template quirks included)."""
     pm = create_plugin_manager()
-    load_plugins(pm, PluginSelection())  # installed plugins: template quirks included
+    load_plugins(pm, PluginSelection())
     config = ServerConfig(model=model, prefix_cache_size=cache_size, max_model_len=None)
     return build_runtime(config, PluginHooks(pm))
 
@@ -106,44 +108,86 @@ def _next_messages(turn: int) -> list[dict[str, Any]]:
 
 
 def run_agent_session(
-    model: str, *, turns: int = 20, system_tokens: int = 10_000, max_tokens: int = 4
+    model: str,
+    *,
+    turns: int = 20,
+    system_tokens: int = 10_000,
+    max_tokens: int = 4,
+    sessions: int = 1,
+    restart_at: int | None = None,
+    make_runtime: Callable[[], Runtime] | None = None,
 ) -> dict[str, Any]:
-    """Replay the session; return per-turn numbers and the summary the targets need."""
-    warm, cold = _runtime(model, "100000"), _runtime(model, "0")
+    """Replay the session; return per-turn numbers and the summary the targets need.
+
+    ``sessions`` conversations (each with its own system prompt) take turns in
+    round-robin; ``turns`` counts the turns of each. ``restart_at=N`` shuts the measured
+    runtime down after turn N (counted from 1) and builds a new one, as a server restart
+    would: what survives is what its plugins kept outside the process. ``make_runtime``
+    builds the measured runtime (default: installed plugins, a 100000-token prefix cache);
+    the cold side is always a runtime without prefix cache.
+    """
+    build = make_runtime or (lambda: default_runtime(model))
+    warm, cold = build(), default_runtime(model, "0")
+    results: list[list[Turn]] = [[] for _ in range(sessions)]
     try:
-        messages: list[dict[str, Any]] = [
-            {"role": "system", "content": _system_prompt(system_tokens)},
-            {"role": "user", "content": "Refactor the project; start by reading module 0."},
-        ]
-        results: list[Turn] = []
+        chats = [_opening(number, system_tokens) for number in range(sessions)]
         for turn in range(turns):
-            rendered = render_chat(warm.tokenizer, messages, tools=TOOLS)
-            request = GenerationRequest(
-                tuple(rendered.ids), max_tokens, checkpoints=rendered.checkpoints()
-            )
-            ttft, finish = _ttft(warm, request)
-            cold_ttft, _ = _ttft(cold, GenerationRequest(tuple(rendered.ids), max_tokens))
-            results.append(Turn(len(rendered.ids), finish.usage.cached_tokens, ttft, cold_ttft))
-            messages += _next_messages(turn)
+            for number, messages in enumerate(chats):
+                rendered = render_chat(warm.tokenizer, messages, tools=TOOLS)
+                request = GenerationRequest(
+                    tuple(rendered.ids), max_tokens, checkpoints=rendered.checkpoints()
+                )
+                ttft, finish = _ttft(warm, request)
+                cold_ttft, _ = _ttft(cold, GenerationRequest(tuple(rendered.ids), max_tokens))
+                results[number].append(
+                    Turn(len(rendered.ids), finish.usage.cached_tokens, ttft, cold_ttft)
+                )
+                messages += _next_messages(turn)
+            if restart_at is not None and turn + 1 == restart_at:
+                warm.engine.shutdown()
+                warm = build()
+        cache_stats = {
+            k: v for k, v in warm.engine.stats().items() if k.startswith("prefix_cache_")
+        }
     finally:
         warm.engine.shutdown()
         cold.engine.shutdown()
-    later = results[1:]
+    return {**_summary(results, restart_at), "prefix_cache": cache_stats}
+
+
+def _opening(session: int, system_tokens: int) -> list[dict[str, Any]]:
+    return [
+        {"role": "system", "content": f"Session {session}. " + _system_prompt(system_tokens)},
+        {"role": "user", "content": "Refactor the project; start by reading module 0."},
+    ]
+
+
+def _turn_body(t: Turn) -> dict[str, Any]:
     return {
-        "turns": [
-            {
-                "prompt_tokens": t.prompt_tokens,
-                "cached_tokens": t.cached_tokens,
-                "cached_fraction": round(t.cached_fraction, 4),
-                "ttft_s": round(t.ttft_s, 4),
-                "cold_ttft_s": round(t.cold_ttft_s, 4),
-                "speedup": round(t.speedup, 2),
-            }
-            for t in results
-        ],
+        "prompt_tokens": t.prompt_tokens,
+        "cached_tokens": t.cached_tokens,
+        "cached_fraction": round(t.cached_fraction, 4),
+        "ttft_s": round(t.ttft_s, 4),
+        "cold_ttft_s": round(t.cold_ttft_s, 4),
+        "speedup": round(t.speedup, 2),
+    }
+
+
+def _summary(results: list[list[Turn]], restart_at: int | None) -> dict[str, Any]:
+    later = [t for session in results for t in session[1:]]
+    out: dict[str, Any] = {
+        "turns": [_turn_body(t) for t in results[0]],
         "min_cached_fraction_after_first": round(min(t.cached_fraction for t in later), 4),
         "min_speedup_after_first": round(min(t.speedup for t in later), 2),
     }
+    if len(results) > 1:
+        out["sessions"] = [[_turn_body(t) for t in session] for session in results]
+    if restart_at is not None and restart_at < len(results[0]):
+        after = [session[restart_at] for session in results]
+        out["restart_at"] = restart_at
+        out["first_turn_after_restart"] = [_turn_body(t) for t in after]
+        out["speedup_after_restart"] = round(min(t.speedup for t in after), 2)
+    return out
 
 
 def add_agent_options(parser: Any) -> None:
@@ -152,36 +196,65 @@ def add_agent_options(parser: Any) -> None:
     group.add_argument(
         "--agent-session",
         action="store_true",
-        help="replay a multi-turn tool-using agent session instead of the default benchmark",
+        help="replay a multi-turn tool-using agent session instead of the default benchmark "
+        "(the model, --prefix-cache-size and --plugin flags apply to the measured side)",
     )
     group.add_argument("--agent-turns", type=int, default=20, help="turns to replay")
     group.add_argument(
         "--agent-system-tokens", type=int, default=10_000, help="approximate system prompt size"
     )
+    group.add_argument(
+        "--agent-sessions",
+        type=int,
+        default=1,
+        help="conversations taking turns in round-robin, each with its own system prompt",
+    )
+    group.add_argument(
+        "--restart-at",
+        type=int,
+        default=None,
+        metavar="N",
+        help="stop the measured engine after turn N and start a fresh one (a server restart)",
+    )
 
 
-def main_agent(args: Any) -> int:
+def main_agent(
+    args: Any, config: ServerConfig | None = None, hooks: PluginHooks | None = None
+) -> int:
     """Run the agent-session replay on the command's model; print a table or JSON."""
     from mlxcore.runtime import resolve_model_path
 
     model = str(resolve_model_path(args.model)[1].path)
+    make_runtime = None
+    if config is not None and hooks is not None:
+        measured = attrs.evolve(config, model=model, max_model_len=None)
+        make_runtime = lambda: build_runtime(measured, hooks)  # noqa: E731
     result = run_agent_session(
-        model, turns=args.agent_turns, system_tokens=args.agent_system_tokens
+        model,
+        turns=args.agent_turns,
+        system_tokens=args.agent_system_tokens,
+        sessions=args.agent_sessions,
+        restart_at=args.restart_at,
+        make_runtime=make_runtime,
     )
-    result["targets"] = {
+    targets = {
         "cached_fraction_after_first >= 0.9": result["min_cached_fraction_after_first"] >= 0.9,
         "ttft_speedup_after_first >= 10": result["min_speedup_after_first"] >= 10,
     }
+    if "speedup_after_restart" in result:
+        targets["ttft_speedup_after_restart >= 10"] = result["speedup_after_restart"] >= 10
+    result["targets"] = targets
     if getattr(args, "json", False):
         print(json.dumps(result, indent=2))
         return 0
-    print(
-        f"{'turn':>4} {'prompt':>7} {'cached':>7} {'share':>6} {'TTFT s':>8} {'cold s':>8} {'x':>7}"
-    )
-    for i, t in enumerate(result["turns"]):
-        print(
-            f"{i:>4} {t['prompt_tokens']:>7} {t['cached_tokens']:>7} {t['cached_fraction']:>6.3f} "
-            f"{t['ttft_s']:>8.3f} {t['cold_ttft_s']:>8.3f} {t['speedup']:>7.1f}"
-        )
+    print(f"{'turn':>4} {'ses':>3} {'prompt':>7} {'cached':>7} {'share':>6} {'TTFT s':>8} "
+          f"{'cold s':>8} {'x':>7}")  # fmt: skip
+    for session, turns in enumerate(result.get("sessions", [result["turns"]])):
+        for i, t in enumerate(turns):
+            print(
+                f"{i + 1:>4} {session:>3} {t['prompt_tokens']:>7} {t['cached_tokens']:>7} "
+                f"{t['cached_fraction']:>6.3f} {t['ttft_s']:>8.3f} {t['cold_ttft_s']:>8.3f} "
+                f"{t['speedup']:>7.1f}"
+            )
     print(json.dumps(result["targets"]))
     return 0

@@ -150,16 +150,23 @@ def _changed_model_flags(args: argparse.Namespace) -> list[str]:
     """The model/engine flags of ``args`` that differ from their defaults, as argv."""
     scratch = argparse.ArgumentParser(add_help=False)
     cli_options.add_model_options(scratch)
+    return _changed_flags(scratch._actions, args)
+
+
+def _changed_flags(actions: list[argparse.Action], args: argparse.Namespace) -> list[str]:
+    """The flags among ``actions`` whose value in ``args`` is not their default, as argv."""
     argv: list[str] = []
-    for action in scratch._actions:
+    for action in actions:
         if not action.option_strings or not hasattr(args, action.dest):
             continue
         value = getattr(args, action.dest)
         if value == action.default:
             continue
         flag = next(s for s in action.option_strings if s.startswith("--"))
-        if isinstance(action, argparse._StoreTrueAction):
+        if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
             argv.append(flag)
+        elif isinstance(action, argparse.BooleanOptionalAction):
+            argv.append(flag if value else f"--no-{flag[2:]}")
         else:
             argv += [flag, str(value)]
     return argv
@@ -173,7 +180,7 @@ def _plugin_flags(args: argparse.Namespace) -> list[str]:
         argv += ["--no-plugin", name]
     if getattr(args, "disable_plugin_autoload", False):
         argv.append("--disable-plugin-autoload")
-    return argv
+    return argv + _changed_flags(getattr(args, "mlxcore_plugin_actions", []), args)
 
 
 def settings_from_args(args: argparse.Namespace) -> BenchSettings:

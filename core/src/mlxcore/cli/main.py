@@ -11,24 +11,18 @@ import argparse
 import logging
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mlxcore.bench.agent import add_agent_options
-from mlxcore.bench.compare import add_compare_options
-from mlxcore.bench.options import add_bench_options
-from mlxcore.bench.peer import add_peer_options
 from mlxcore.cli import options
-from mlxcore.cli.parse_command import HELP as PARSE_HELP
-from mlxcore.cli.parse_command import add_parse_options
-from mlxcore.config import ServerConfig
 from mlxcore.errors import MlxcoreError
-from mlxcore.hooks import PluginHooks
-from mlxcore.plugins import (
-    PluginSelection,
-    command_providers,
-    create_plugin_manager,
-    load_plugins,
-)
+
+if TYPE_CHECKING:
+    from mlxcore.config import ServerConfig
+    from mlxcore.hooks import PluginHooks
+
+# Everything else (MLX, Litestar, the plugins) is imported after the process has
+# re-executed itself with OpenBLAS preloaded (``main``), so that start-up pays for
+# those imports once, not twice.
 
 log = logging.getLogger("mlxcore.cli")
 
@@ -39,6 +33,13 @@ MODEL_COMMANDS = ("serve", "generate", "bench")
 def build_parser(hooks: PluginHooks | None) -> tuple[argparse.ArgumentParser, set[str]]:
     """The full parser (plugin groups included when ``hooks`` is given) and the
     ``dest`` names that belong to the core."""
+    from mlxcore.bench.agent import add_agent_options
+    from mlxcore.bench.compare import add_compare_options
+    from mlxcore.bench.options import add_bench_options
+    from mlxcore.bench.peer import add_peer_options
+    from mlxcore.cli.parse_command import HELP as PARSE_HELP
+    from mlxcore.cli.parse_command import add_parse_options
+
     parser = argparse.ArgumentParser(
         prog="mlxcore", description="Serve MLX language models over an OpenAI-compatible API."
     )
@@ -73,7 +74,7 @@ def build_parser(hooks: PluginHooks | None) -> tuple[argparse.ArgumentParser, se
     gen.add_argument("--seed", type=int, default=None, help="random seed for sampling")
     gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
     core_dests.update(a.dest for a in gen._actions)
-    add(
+    bench = add(
         "bench",
         "measure decode speed, concurrency and prefix caching: mlx-lm in-process vs mlxcore HTTP",
         options.add_model_options,
@@ -87,8 +88,12 @@ def build_parser(hooks: PluginHooks | None) -> tuple[argparse.ArgumentParser, se
     if hooks is not None:
         hooks.add_commands(_PluginCommands(sub))
         core_dests.add("mlxcore_handler")
-        for cmd in (serve, gen):
+        for cmd in (serve, gen, bench):
             hooks.addoption(cmd)
+        # the bench passes the plugins' flags on to the server it starts
+        plugin_actions = [a for a in bench._actions if a.dest not in core_dests]
+        bench.set_defaults(mlxcore_plugin_actions=plugin_actions)
+        core_dests.add("mlxcore_plugin_actions")
     return parser, core_dests
 
 
@@ -134,6 +139,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         reexec_with_openblas(argv)
         log_blas_status()
+    from mlxcore.hooks import PluginHooks
+    from mlxcore.plugins import (
+        PluginSelection,
+        command_providers,
+        create_plugin_manager,
+        load_plugins,
+    )
+
     try:
         pm = create_plugin_manager()
         enable = list(pre.plugins)
@@ -186,4 +199,4 @@ def _run_model_command(args: argparse.Namespace, config: ServerConfig, hooks: Pl
         return commands.generate(args, config, hooks)
     from mlxcore.bench import run_bench
 
-    return run_bench(args, config)
+    return run_bench(args, config, hooks)

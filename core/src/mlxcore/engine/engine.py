@@ -204,6 +204,7 @@ class Engine:
         with self._wake:
             if self.state == "new":
                 self.state = "stopped"
+                _close_cache(self._loop)
                 return
             done = self._thread_done
         if done is not None and not done.wait(timeout=grace + 10):
@@ -213,6 +214,7 @@ class Engine:
         with self._wake:
             if self.state != "failed":
                 self.state = "stopped"
+        _close_cache(self._loop)
 
     def submit(
         self,
@@ -278,6 +280,8 @@ class Engine:
             "prefill_shared_prefix_waits": self.counters["prefill_shared_prefix_waits"],
             "prefix_cache_entries": cache.entries,
             "prefix_cache_bytes": cache.nbytes,
+            **{f"prefix_cache_lookups_{k}": v for k, v in cache.lookups.items()},
+            **{f"prefix_cache_{k}": v for k, v in cache.extra.items()},
             "memory_prefix_cache_budget_bytes": cache.capacity_bytes,
             "engine_up": 1.0 if self.health()[0] else 0.0,
             "engine_restarts": len(self._restarts),
@@ -472,9 +476,11 @@ class Engine:
         with self._wake:
             if epoch != self._epoch:
                 return False
-            self._loop = loop
+            old, self._loop = self._loop, loop
             log.warning("engine restarted with fresh strategies (%d restarts)", len(self._restarts))
-            return True
+        # the old cache may flush files: not on the engine thread
+        threading.Thread(target=_close_cache, args=(old,), daemon=True).start()
+        return True
 
     def _abandon_loop(self, reason: str) -> None:
         """Give up on the current loop's thread (caller holds the lock)."""
@@ -511,3 +517,11 @@ class Engine:
     def _fresh_job(self, epoch: int) -> Callable[[Any], None]:
         """A generation-thread job that builds fresh strategies, then runs ``epoch``."""
         return lambda stream: self._run(stream, epoch, fresh=True)
+
+
+def _close_cache(loop: BatchLoop) -> None:
+    """Let a loop's cache strategy release its threads and files."""
+    try:
+        loop.cache.close()
+    except Exception:
+        log.exception("cache strategy %s failed to close", loop.cache.name)

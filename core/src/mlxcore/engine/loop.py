@@ -29,6 +29,7 @@ from typing import Any
 import attrs
 import mlx.core as mx
 
+from mlxcore.engine.cache_explain import EXPLAIN_OPTION, CacheExplanation
 from mlxcore.engine.events import Event, FinishEvent, RequestHandle, TokenEvent, Usage
 from mlxcore.engine.prefill_plan import find_shared_prefix, plan_step
 from mlxcore.engine.request import GenerationRequest
@@ -212,6 +213,7 @@ class BatchLoop:
         try:
             lookup = self.cache.lookup(req.cache_tokens)
             live.usage.cached_tokens = live.handle.cached_tokens = lookup.cached_tokens
+            self._explain(live, lookup.explanation)
             live.task = PrefillTask(req, lookup.cache, lookup.cached_tokens)
             live.task.snapshot = self._snapshotter(live.task)
             live.prefill = self.prefill.prefill(live.task)
@@ -219,6 +221,15 @@ class BatchLoop:
             self.fail(live, exc)
             return
         self.prefilling.append(live)
+
+    def _explain(self, live: AdmittedRequest, explanation: CacheExplanation | None) -> None:
+        """Log a lookup's explanation; hand it to a request that asked for it
+        (``"explain_cache": true``: ``usage.mlxcore.cache``)."""
+        if explanation is None:
+            return
+        log.debug("request %s: prefix cache %s", live.handle.uid, explanation.summary())
+        if live.request.options.get(EXPLAIN_OPTION) is True:
+            live.usage.extra["mlxcore"] = {"cache": explanation.as_dict()}
 
     # -- shared prefixes -------------------------------------------------------
 
@@ -246,6 +257,13 @@ class BatchLoop:
         if shared.length not in leader.task.extra_checkpoints:
             leader.task.extra_checkpoints.append(shared.length)
         live.handle.cached_tokens = shared.length  # what it will reuse from the leader
+        tokens = len(live.request.cache_tokens)
+        self._explain(
+            live,
+            CacheExplanation(
+                "shared_prefix", tokens, shared.length, shared.length, shared.length, "prefill"
+            ),
+        )
         self.parked.append(Parked(live, leader, shared.length))
         self.counters["prefill_shared_prefix_waits"] += 1
         return True

@@ -24,11 +24,12 @@ Request flow through the strategies::
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
 import attrs
 
+from mlxcore.engine.cache_explain import CacheExplanation
 from mlxcore.engine.request import GenerationRequest
 
 LayerCache = list[Any]
@@ -50,10 +51,13 @@ class CacheLookup:
             with the store).
         cached_tokens: the leading prompt tokens whose state ``cache`` holds. Always
             smaller than the prompt length, so prefill produces the next-token logits.
+        explanation: why the rest of the prompt missed (see
+            :mod:`mlxcore.engine.cache_explain`); None when the strategy cannot tell.
     """
 
     cache: LayerCache
     cached_tokens: int = 0
+    explanation: CacheExplanation | None = None
 
 
 @attrs.frozen
@@ -67,6 +71,11 @@ class CacheStats:
     nbytes: int = 0
     capacity_bytes: int = 0
     """The most bytes the strategy keeps (0: not bounded in bytes, or unknown)."""
+    lookups: Mapping[str, int] = attrs.field(factory=dict)
+    """Lookups by explanation reason (:data:`~mlxcore.engine.cache_explain.REASONS`)."""
+    extra: Mapping[str, float] = attrs.field(factory=dict)
+    """Strategy-specific gauges (a disk tier's bytes, reads, writes ...), exposed in
+    /metrics as ``mlxcore_prefix_cache_<name>``."""
 
 
 class CacheStrategy(abc.ABC):
@@ -109,6 +118,10 @@ class CacheStrategy(abc.ABC):
     def stats(self) -> CacheStats:
         """Current counters."""
         return CacheStats()
+
+    def close(self) -> None:
+        """Release threads and files (the engine stops, or replaces the strategy after a
+        fault). The default does nothing."""
 
 
 @attrs.define

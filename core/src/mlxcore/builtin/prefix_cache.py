@@ -1,0 +1,259 @@
+"""The built-in prefix cache: mlx-lm's ``LRUPromptCache``, bounded, explained.
+
+:class:`LRUPrefixCache` keeps compact copies of finished sequences and history
+checkpoints in mlx-lm's LRU (its trie finds the nearest entry; its eviction order drops
+finished sequences before checkpoints). Each lookup is classified
+(:mod:`mlxcore.engine.cache_explain`): to say where a prompt left the stored entries,
+the strategy walks mlx-lm's trie once more, and it remembers the tokens of the last
+evicted entries to tell an eviction from a plain miss.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+from mlx_lm.models.cache import (
+    LRUPromptCache,
+    can_trim_prompt_cache,
+    make_prompt_cache,
+    trim_prompt_cache,
+)
+
+from mlxcore.engine.cache_explain import REASONS, CacheExplanation, explain_lookup
+from mlxcore.engine.memory import cache_cost, compact_cache
+from mlxcore.engine.strategies import CacheLookup, CacheStats, CacheStrategy, LayerCache
+from mlxcore.errors import UsageError
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmg]?i?b)?\s*$", re.IGNORECASE)
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+EVICTED_MEMORY_TOKENS = 1 << 20
+"""How many tokens of evicted entries are remembered (4 MB) to explain misses."""
+
+
+def parse_cache_size(text: str) -> tuple[int | None, int | None]:
+    """``--prefix-cache-size``: ``"32768"`` is tokens, ``"512MB"`` is bytes.
+
+    Returns ``(tokens, bytes)`` with one of them set; ``"0"`` disables the cache.
+    """
+    m = _SIZE.match(text)
+    if not m:
+        raise UsageError(
+            f"--prefix-cache-size {text!r}: give a token count (e.g. 32768) or a size "
+            "with a unit (e.g. 512MB, 2GiB)"
+        )
+    number, unit = float(m.group(1)), m.group(2)
+    if unit is None:
+        return int(number), None
+    return None, int(number * _UNITS[unit.lower()])
+
+
+class LookupCounter:
+    """Hits, misses, reused tokens and lookups by reason, for a strategy's stats."""
+
+    def __init__(self) -> None:
+        self.hits = self.misses = self.reused = 0
+        self.by_reason: collections.Counter[str] = collections.Counter()
+
+    def count(self, lookup: CacheLookup) -> None:
+        """Count one lookup's outcome."""
+        if lookup.cached_tokens > 0:
+            self.hits += 1
+            self.reused += lookup.cached_tokens
+        else:
+            self.misses += 1
+        if lookup.explanation is not None:
+            self.by_reason[lookup.explanation.reason] += 1
+
+    def stats(
+        self,
+        *,
+        entries: int,
+        nbytes: int,
+        capacity_bytes: int,
+        extra: Mapping[str, float] | None = None,
+    ) -> CacheStats:
+        """:class:`CacheStats` with these counters and the given sizes."""
+        return CacheStats(
+            hits=self.hits,
+            misses=self.misses,
+            reused_tokens=self.reused,
+            entries=entries,
+            nbytes=nbytes,
+            capacity_bytes=capacity_bytes,
+            lookups={r: self.by_reason.get(r, 0) for r in REASONS},
+            extra=dict(extra or {}),
+        )
+
+
+class _EvictionLog(LRUPromptCache.CacheOrder):
+    """mlx-lm's eviction order, noting what it evicts (``pop`` is only called to evict)."""
+
+    def __init__(self, evicted: collections.deque[np.ndarray]) -> None:
+        super().__init__()
+        self.evicted = evicted
+
+    def pop(self) -> Any:
+        model, tokens = super().pop()
+        self.evicted.append(np.asarray(tokens, dtype=np.int32))
+        while sum(t.shape[0] for t in self.evicted) > EVICTED_MEMORY_TOKENS:
+            self.evicted.popleft()
+        return model, tokens
+
+
+class _ExplainedLRU(LRUPromptCache):
+    """``LRUPromptCache`` (this instance only) with an eviction log and a way to ask
+    where a prompt leaves the stored entries."""
+
+    def __init__(self, max_size: int, max_bytes: int) -> None:
+        super().__init__(max_size=max_size, max_bytes=max_bytes)
+        self.evicted: collections.deque[np.ndarray] = collections.deque()
+        self._lru = _EvictionLog(self.evicted)
+
+    def closest(self, key: Any, tokens: list[int]) -> tuple[int, int]:
+        """``(entry_tokens, shared)``: the length of the stored entry nearest to
+        ``tokens`` and how many leading tokens they share (0, 0 when none)."""
+        found = self._trie.search(key, tokens)
+        if found.exact is not None:
+            return len(tokens), len(tokens)
+        if found.longer is not None and found.common_prefix > len(found.shorter or ()):
+            return len(found.longer), found.common_prefix
+        if found.shorter is not None:
+            return len(found.shorter), found.common_prefix
+        return 0, found.common_prefix
+
+    def closest_evicted(self, tokens: list[int]) -> tuple[int, int]:
+        """Like :meth:`closest` over the remembered evicted entries."""
+        if not self.evicted:
+            return 0, 0
+        prompt = np.asarray(tokens, dtype=np.int32)
+        best = (0, 0)
+        for entry in self.evicted:
+            n = min(prompt.shape[0], entry.shape[0])
+            differ = np.flatnonzero(prompt[:n] != entry[:n])
+            shared = int(differ[0]) if differ.size else n
+            if shared > best[1]:
+                best = (int(entry.shape[0]), shared)
+        return best
+
+
+class LRUPrefixCache(CacheStrategy):
+    """Prefix reuse on mlx-lm's ``LRUPromptCache``, bounded in tokens or bytes.
+
+    Trimmable caches are cut back to the longest shared prefix; caches with state
+    that cannot be rewound (recurrent layers) are reused only from entries that
+    are an exact prefix of the new prompt. Entries are stored as compact copies
+    (:func:`~mlxcore.engine.memory.compact_cache`), so the bytes reported are the
+    bytes held; a token budget is turned into bytes with the model's measured
+    cache cost per token (plus, for hybrid models, the fixed recurrent state of two
+    entries). History checkpoints are kept longer than finished sequences
+    (:meth:`store_checkpoint`).
+
+    A tier in front of it (a plugin's disk cache) composes :meth:`find` and
+    :meth:`insert` instead of :meth:`lookup` and :meth:`store`.
+    """
+
+    name = "lru"
+    max_entries: ClassVar[int] = 64
+    KEY: ClassVar[str] = "model"
+    """mlx-lm's cache is keyed by model; one strategy instance serves one model."""
+
+    def __init__(self, model: Any, size: str = "32768") -> None:
+        self.model = model
+        self.max_tokens, max_bytes = parse_cache_size(size)
+        if self.max_tokens:
+            # N tokens of history, plus the fixed recurrent state of the two entries a
+            # conversation turn stores (its history checkpoint and its finished sequence)
+            per_token, fixed = cache_cost(model)
+            max_bytes = self.max_tokens * per_token + 2 * fixed
+        elif self.max_tokens is not None:
+            max_bytes = 0
+        self.lru = _ExplainedLRU(self.max_entries, max_bytes or 0)
+        self.trimmable = can_trim_prompt_cache(make_prompt_cache(model))
+        """Whether this model's cache can be cut back to any prefix (no recurrent state)."""
+        self.counter = LookupCounter()
+
+    @property
+    def enabled(self) -> bool:
+        """False when the configured size is zero."""
+        return self.max_tokens != 0 and self.lru.max_bytes > 0
+
+    def lookup(self, tokens: Sequence[int]) -> CacheLookup:
+        found = self.find(tokens)
+        self.counter.count(found)
+        return found
+
+    def find(self, tokens: Sequence[int]) -> CacheLookup:
+        """:meth:`lookup` without counting it (for a tier that counts its own)."""
+        prompt = list(tokens)
+        if not self.enabled:
+            explanation = CacheExplanation("disabled", len(prompt))
+            return CacheLookup(make_prompt_cache(self.model), 0, explanation)
+        cache, cached = self._nearest(prompt) if len(prompt) > 1 else (None, 0)
+        if cache is None or cached <= 0:
+            cache, cached = make_prompt_cache(self.model), 0
+        return CacheLookup(cache, cached, self._explain(prompt, cached))
+
+    def _explain(self, prompt: list[int], cached: int) -> CacheExplanation:
+        entry, shared = self.lru.closest(self.KEY, prompt)
+        evicted, evicted_shared = self.lru.closest_evicted(prompt)
+        return explain_lookup(
+            len(prompt),
+            cached,
+            entry_tokens=entry,
+            shared=shared,
+            trimmable=self.trimmable,
+            source="memory",
+            evicted_tokens=evicted,
+            evicted_shared=evicted_shared,
+        )
+
+    def _nearest(self, tokens: list[int]) -> tuple[LayerCache | None, int]:
+        """The nearest stored cache and how many of ``tokens`` it holds (< len(tokens))."""
+        cache, rest = self.lru.fetch_nearest_cache(self.KEY, tokens)
+        if cache is None:
+            return None, 0
+        if rest:
+            return cache, len(tokens) - len(rest)
+        # An exact hit leaves nothing to prefill: step back one token.
+        if can_trim_prompt_cache(cache):
+            trim_prompt_cache(cache, 1)
+            return cache, len(tokens) - 1
+        cache, rest = self.lru.fetch_nearest_cache(self.KEY, tokens[:-1])
+        if cache is None:
+            return None, 0
+        return cache, len(tokens) - 1 - len(rest)
+
+    def store(self, tokens: Sequence[int], cache: LayerCache) -> None:
+        self.insert(tokens, cache, "assistant")
+
+    def store_checkpoint(self, tokens: Sequence[int], cache: LayerCache) -> None:
+        """A conversation's history snapshot: filed as mlx-lm's ``user`` kind, which its
+        LRU evicts after the ``assistant`` kind (finished sequences), so an agent's long
+        turns keep the entry the next turn starts from."""
+        self.insert(tokens, cache, "user")
+
+    def insert(self, tokens: Sequence[int], cache: LayerCache, kind: str) -> LayerCache | None:
+        """Keep a compact copy of ``cache`` for ``tokens`` as mlx-lm's ``kind``
+        (``assistant`` or ``user``); return that copy (its arrays are evaluated and never
+        mutated), or None when nothing was kept."""
+        if not self.enabled or not tokens or not cache:
+            return None
+        kept = compact_cache(cache)
+        self.lru.insert_cache(self.KEY, list(tokens), kept, cache_type=kind)
+        return kept
+
+    def clear(self) -> None:
+        self.lru.trim_to(n_sequences=0)
+
+    def evict(self, nbytes: int) -> None:
+        self.lru.trim_to(n_bytes=self.lru.nbytes - nbytes)
+
+    def stats(self) -> CacheStats:
+        return self.counter.stats(
+            entries=len(self.lru), nbytes=self.lru.nbytes, capacity_bytes=self.lru.max_bytes
+        )

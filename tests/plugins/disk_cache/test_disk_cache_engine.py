@@ -1,0 +1,137 @@
+"""The disk tier through the real engine: a restart served from disk with greedy output
+identical to cold (dense and hybrid models), damaged files, histories larger than memory,
+a folder that goes away, the counters."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mlxcore.engine.request import GenerationRequest
+from mlxcore.runtime import Runtime
+from mlxcore.testing.runtime import Result, make_runtime, submit_together
+
+HISTORY = tuple(range(30, 430))  # a 400-token conversation so far
+
+
+@pytest.fixture
+def runtimes() -> Iterator[Any]:
+    made: list[Runtime] = []
+
+    def make(model: Path, folder: Path | None, **config: Any) -> Runtime:
+        if folder is None:
+            rt = make_runtime(model, **config)
+        else:
+            options = {"disk_cache_dir": str(folder), "disk_cache_min_tokens": 64}
+            rt = make_runtime(model, "disk-cache", plugin_options=options, **config)
+        made.append(rt)
+        return rt
+
+    yield make
+    for rt in made:
+        rt.engine.shutdown()
+
+
+def run(rt: Runtime, prompt: tuple[int, ...], n: int = 8, **options: Any) -> Result:
+    request = GenerationRequest(
+        prompt, n, checkpoints=(len(HISTORY),), options={"explain_cache": True, **options}
+    )
+    (result,) = submit_together(rt, [request])
+    assert result.finish is not None and result.finish.reason in ("stop", "length")
+    return result
+
+
+def explained(result: Result) -> dict[str, Any]:
+    assert result.finish is not None
+    cache: dict[str, Any] = result.finish.usage.extra["mlxcore"]["cache"]
+    return cache
+
+
+@pytest.mark.parametrize("family", ["tiny_qwen3", "tiny_qwen3_5"])
+def test_a_restart_is_served_from_disk_with_the_cold_answer(
+    family: str, request: pytest.FixtureRequest, runtimes: Any, tmp_path: Path
+) -> None:
+    model: Path = request.getfixturevalue(family)
+    first = runtimes(model, tmp_path)
+    run(first, (*HISTORY, 1, 2, 3))
+    first.engine.shutdown()  # writes what is queued
+
+    turn = (*HISTORY, 5, 6, 7, 8)
+    restarted = runtimes(model, tmp_path)
+    warm = run(restarted, turn, n=16)
+    cold = run(runtimes(model, None, prefix_cache_size="0"), turn, n=16)
+    assert warm.tokens == cold.tokens
+    info = explained(warm)
+    assert info["source"] == "disk" and info["cached_tokens"] >= len(HISTORY)
+    assert warm.finish is not None and warm.finish.usage.cached_tokens == info["cached_tokens"]
+    stats = restarted.engine.stats()
+    assert stats["prefix_cache_disk_reads"] == 1 and stats["prefix_cache_disk_enabled"] == 1
+    # the same prompt again: a trimmable cache cuts the turn's stored sequence back (memory);
+    # recurrent state is reused only at an exact prefix, the history's entry on disk
+    again = explained(run(restarted, turn))
+    if family == "tiny_qwen3":
+        assert (again["source"], again["cached_tokens"]) == ("memory", len(turn) - 1)
+    else:
+        assert (again["source"], again["cached_tokens"]) == ("disk", len(HISTORY))
+
+
+def test_a_damaged_entry_is_dropped_logged_and_computed(
+    tiny_qwen3: Path, runtimes: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = runtimes(tiny_qwen3, tmp_path)
+    run(first, (*HISTORY, 1))
+    first.engine.shutdown()
+    files = list(tmp_path.glob("*/*.safetensors"))
+    assert files
+    for data in files:
+        raw = bytearray(data.read_bytes())
+        raw[-100] ^= 0x55
+        data.write_bytes(bytes(raw))
+    turn = (*HISTORY, 9, 9)
+    with caplog.at_level(logging.WARNING, logger="mlxcore.plugins.disk_cache"):
+        served = run(runtimes(tiny_qwen3, tmp_path), turn)
+    cold = run(runtimes(tiny_qwen3, None, prefix_cache_size="0"), turn)
+    assert served.tokens == cold.tokens
+    assert served.finish is not None and served.finish.usage.cached_tokens == 0
+    assert "dropped a damaged entry" in caplog.text and "checksum" in caplog.text
+    assert not list(tmp_path.glob("*/*.safetensors")) or all(
+        f not in files for f in tmp_path.glob("*/*.safetensors")
+    )
+
+
+def test_histories_larger_than_memory_keep_hitting_from_disk(
+    tiny_qwen3: Path, runtimes: Any, tmp_path: Path
+) -> None:
+    rt = runtimes(tiny_qwen3, tmp_path, prefix_cache_size="300")  # under one history
+    sessions = [list(HISTORY), [t + 1000 for t in HISTORY]]
+    for turn in range(3):
+        for history in sessions:
+            result = run(rt, (*history, 1, 2))
+            rt.engine.cache.writer.flush(30)  # type: ignore[attr-defined]
+            if turn:
+                info = explained(result)
+                assert info["source"] == "disk"
+                assert info["cached_tokens"] >= 0.9 * (len(history) + 2)
+            history += [1, 2, *result.tokens]
+
+
+def test_a_folder_that_goes_away_turns_the_tier_off_once(
+    tiny_qwen3: Path, runtimes: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = tmp_path / "cache"
+    rt = runtimes(tiny_qwen3, folder)
+    shutil.rmtree(folder)
+    with caplog.at_level(logging.WARNING, logger="mlxcore.plugins.disk_cache"):
+        for i in range(3):
+            run(rt, (*HISTORY, i))
+            rt.engine.cache.writer.flush(30)  # type: ignore[attr-defined]
+    assert caplog.text.count("turned off") == 1
+    stats = rt.engine.stats()
+    assert stats["prefix_cache_disk_enabled"] == 0
+    again = run(rt, (*HISTORY, 0))  # still served, from memory
+    assert explained(again)["source"] == "memory"
