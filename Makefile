@@ -41,7 +41,7 @@ docs:
 	$(PY) scripts/gen_hooks_doc.py
 
 test: setup lint typecheck
-	$(PY) scripts/pytest-openblas -n 2 --dist loadgroup --durations=15 $(PYTEST_ARGS)
+	$(PY) scripts/pytest-openblas -n 2 --dist loadfile --durations=15 $(PYTEST_ARGS)
 
 # The reliability suite (not part of `make test`): fuzz, 200/500-connection waves, a
 # disconnect storm, fault injection and a 10-minute soak; ARGS=--smoke for a 2-minute subset.

@@ -36,8 +36,12 @@ from common import (
 GIB = 2**30
 
 
+SERVE_ARGS: list[str] = []
+"""Extra ``mlxcore serve`` flags for every server of the run (``--serve-arg``)."""
+
+
 def run_fuzz(logs: Path, model: str | None, total: int) -> dict[str, Any]:
-    with serving(logs, model) as server:
+    with serving(logs, model, *SERVE_ARGS) as server:
         before = greedy_reference(server)
         document = httpx.get(f"{server.base_url}/openapi.json", timeout=30).json()
         requests = fuzz.cases(document, total, seed=2026)
@@ -62,7 +66,7 @@ def run_fuzz(logs: Path, model: str | None, total: int) -> dict[str, Any]:
 
 def run_load(logs: Path, model: str | None, waves: list[int], storm: int) -> dict[str, Any]:
     parts: dict[str, Any] = {}
-    with serving(logs, model) as server:
+    with serving(logs, model, *SERVE_ARGS) as server:
         asyncio.run(load.warm_up(server.base_url))
         baseline = settle(server)
         m = metrics(server)
@@ -111,7 +115,7 @@ def run_faults(logs: Path, model: str | None) -> dict[str, Any]:
     flags = ("--plugin", "mlxcore.testing.faults", "--engine-watchdog", str(faults.WATCHDOG))
     flags += ("--engine-max-restarts", "10")
     parts: dict[str, Any] = {}
-    with serving(logs, model, *flags) as server:
+    with serving(logs, model, *flags, *SERVE_ARGS) as server:
         before = greedy_reference(server)
         for fault in faults.FAULTS:
             result = asyncio.run(faults.scenario(server.base_url, fault))
@@ -124,7 +128,7 @@ def run_faults(logs: Path, model: str | None) -> dict[str, Any]:
 
 
 def run_soak(logs: Path, model: str | None, seconds: float) -> dict[str, Any]:
-    with serving(logs, model) as server:
+    with serving(logs, model, *SERVE_ARGS) as server:
         asyncio.run(load.warm_up(server.base_url))
         pools_before = _bounded_pools(metrics(server))
         with MemorySampler(server, period=1.0) as sampler:
@@ -176,11 +180,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--soak-seconds", type=float, default=600.0)
     parser.add_argument("--only", nargs="*", default=["fuzz", "load", "faults", "soak"])
     parser.add_argument("--out", type=Path, default=Path("reliability-results.json"))
+    parser.add_argument(
+        "--serve-arg",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="an extra `mlxcore serve` flag for every server "
+        "(e.g. --serve-arg=--kv-cache-dtype=int8)",
+    )
     args = parser.parse_args(argv)
+    SERVE_ARGS[:] = args.serve_arg
+    results_flags = {"serve_args": list(args.serve_arg)}
     if args.smoke:
         args.fuzz_requests, args.soak_seconds = 300, 30.0
     waves, storm = ([50], 30) if args.smoke else ([200, 500], 100)
-    results: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    results: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), **results_flags}
     with tempfile.TemporaryDirectory(prefix="mlxcore-reliability-") as tmp:
         logs = Path(tmp)
         try:

@@ -96,6 +96,17 @@ def test_plugin_failing_at_set_up_names_itself(tiny_llama: Path, tmp_path: Path)
     assert "Traceback" not in out.stderr
 
 
+def test_a_model_that_cannot_quantize_its_cache_is_refused_in_one_line(
+    tiny_gemma4: Path,
+) -> None:
+    out = mlxcore("generate", str(tiny_gemma4), "-p", "x", "--kv-cache-dtype", "int8")
+    assert out.returncode == 2
+    assert "--kv-cache-dtype int8" in out.stderr and "sliding-window" in out.stderr
+    assert "Traceback" not in out.stderr
+    out = mlxcore("generate", str(tiny_gemma4), "-p", "x", "--kv-cache-dtype", "fp8")
+    assert out.returncode == 2 and "invalid choice: 'fp8'" in out.stderr
+
+
 def test_bad_model_path_is_a_clear_error(tmp_path: Path) -> None:
     out = mlxcore("generate", str(tmp_path / "nowhere"), "-p", "x")
     assert out.returncode == 2

@@ -81,6 +81,20 @@ class ServerConfig:
         "32768", flag="--prefix-cache-size", group=ENGINE,
         help="prefix cache budget: tokens (e.g. 32768) or a size (e.g. 512MB); 0 disables",
     )  # fmt: skip
+    kv_cache_dtype: str = setting(
+        "auto", flag="--kv-cache-dtype", group=ENGINE, choices=("auto", "int8", "int4"),
+        help="attention KV cache storage (vLLM's name): auto keeps the model's dtype; int8 / "
+        "int4 quantize keys and values (mlx-lm's kv_bits), ~2x / ~4x less memory per token",
+    )  # fmt: skip
+    kv_quant_start: int = setting(
+        0, flag="--kv-quant-start", group=ENGINE, type=non_negative_int, metavar="N",
+        help="with --kv-cache-dtype int8/int4: a sequence's cache stays in full precision "
+        "until its context reaches N tokens (mlx-lm's --quantized-kv-start)",
+    )  # fmt: skip
+    kv_group_size: int = setting(
+        64, flag="--kv-group-size", group=ENGINE, type=int, choices=(32, 64, 128),
+        help="with --kv-cache-dtype int8/int4: values per quantization scale",
+    )  # fmt: skip
     gpu_memory_utilization: float = setting(
         0.9, flag="--gpu-memory-utilization", group=ENGINE, type=float,
         help="fraction of memory MLX may use (vLLM's name)",

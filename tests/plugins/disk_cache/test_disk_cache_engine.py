@@ -80,6 +80,25 @@ def test_a_restart_is_served_from_disk_with_the_cold_answer(
         assert (again["source"], again["cached_tokens"]) == ("disk", len(HISTORY))
 
 
+def test_quantized_entries_go_to_their_own_folder_and_come_back_quantized(
+    mlxcore_model_factory: Any, runtimes: Any, tmp_path: Path
+) -> None:
+    model = mlxcore_model_factory("qwen3", head_dim=32)
+    int8 = {"kv_cache_dtype": "int8", "kv_group_size": 32}
+    first = runtimes(model, tmp_path, **int8)
+    run(first, (*HISTORY, 1, 2, 3))
+    first.engine.shutdown()
+    turn = (*HISTORY, 5, 6, 7, 8)
+    plain = explained(run(runtimes(model, tmp_path), turn))
+    assert plain["source"] != "disk"  # a full-precision server does not read int8 entries
+    restarted = runtimes(model, tmp_path, **int8)
+    warm = run(restarted, turn, n=16)
+    cold = run(runtimes(model, None, prefix_cache_size="0", **int8), turn, n=16)
+    assert explained(warm)["source"] == "disk"
+    assert warm.tokens == cold.tokens
+    assert len({p.parent for p in tmp_path.glob("*/*.safetensors")}) == 2
+
+
 def test_a_damaged_entry_is_dropped_logged_and_computed(
     tiny_qwen3: Path, runtimes: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

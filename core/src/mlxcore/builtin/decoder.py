@@ -24,7 +24,9 @@ from typing import Any
 
 import attrs
 import mlx.core as mx
+from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
+from mlxcore.engine.kv_quant import KVQuantization
 from mlxcore.engine.sampling import greedy, token_with_logprobs
 from mlxcore.engine.strategies import (
     Decoder,
@@ -66,14 +68,21 @@ class PlainDecoder(Decoder):
     """One token per sequence per step, all sequences in one forward pass.
 
     A joining sequence's own cache is merged into mlx-lm's batch caches
-    (``BatchKVCache``, ``ArraysCache``, ...) and extracted back when it leaves.
+    (``BatchKVCache``, ``ArraysCache``, ...) and extracted back when it leaves. With
+    ``kv_quant`` the attention layers switch to
+    :class:`~mlxcore.engine.kv_quant.BatchQuantizedKVCache` once a sequence of the batch
+    reaches the quantization start (see :mod:`mlxcore.engine.kv_quant`).
     """
 
     name = "plain"
     supports_position_offset = True
+    supports_kv_quantization = True
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, kv_quant: KVQuantization | None = None) -> None:
         self.model = model
+        self.kv_quant = kv_quant
+        self._quantized = False
+        """True while the batch cache's attention layers are quantized."""
         self.slots: list[_Slot] = []
         self.cache: LayerCache = []
         self._joining: list[DecodeSequence] = []
@@ -115,8 +124,20 @@ class PlainDecoder(Decoder):
                 self._pending_logprobs = self._pending_logprobs[keep_idx]
         else:
             self.cache = []
+            self._quantized = False
             self._pending = self._pending_logprobs = None
         return own
+
+    def _joins_quantized(self, joining: list[DecodeSequence]) -> bool:
+        """Whether the batch must be quantized once ``joining`` are in it."""
+        kv = self.kv_quant
+        if kv is None:
+            return False
+        return (
+            self._quantized
+            or any(len(s.tokens) - 1 >= kv.start for s in joining)
+            or any(type(layer) is QuantizedKVCache for s in joining for layer in s.cache)
+        )
 
     def _merge_joining(self) -> None:
         """Move joining sequences into the batch cache (their first token is known)."""
@@ -125,7 +146,16 @@ class PlainDecoder(Decoder):
         self._settle()
         joining, self._joining = self._joining, []
         first_cache = joining[0].cache
-        new = [layer.merge([s.cache[i] for s in joining]) for i, layer in enumerate(first_cache)]
+        if self._joins_quantized(joining):
+            self._quantize_batch()
+            new = [
+                self._merge_quantized([s.cache[i] for s in joining])
+                for i in range(len(first_cache))
+            ]
+        else:
+            new = [
+                layer.merge([s.cache[i] for s in joining]) for i, layer in enumerate(first_cache)
+            ]
         shifts = [s.position_offset for s in joining]
         if any(shifts):
             # Batch KV caches keep one rotary offset per row, apart from the storage index:
@@ -151,6 +181,18 @@ class PlainDecoder(Decoder):
         for seq in joining:
             seq.cache = []  # the batch cache owns the state now
             self.slots.append(_Slot(seq, fed=len(seq.tokens) - 1))
+
+    def _merge_quantized(self, layers: list[Any]) -> Any:
+        assert self.kv_quant is not None
+        if type(layers[0]) in (KVCache, QuantizedKVCache):
+            return self.kv_quant.merge(layers)
+        return type(layers[0]).merge(layers)  # recurrent state keeps its dtype
+
+    def _quantize_batch(self) -> None:
+        """Switch the running batch's attention layers to quantized storage."""
+        if self.kv_quant is not None and not self._quantized:
+            self.kv_quant.quantize_batch(self.cache)
+            self._quantized = True
 
     def step(self) -> dict[int, list[StepToken]]:
         self._merge_joining()
@@ -225,4 +267,7 @@ class PlainDecoder(Decoder):
                 else:
                     out[seq.uid] = [StepToken(tok)]
             slot.in_flight = True
+        kv = self.kv_quant
+        if kv is not None and not self._quantized and max(s.fed for s in self.slots) >= kv.start:
+            self._quantize_batch()  # after the step that reached the start, as mlx-lm does
         return out

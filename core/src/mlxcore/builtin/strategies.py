@@ -17,6 +17,7 @@ from mlxcore.builtin.prefix_cache import LRUPrefixCache, parse_cache_size
 from mlxcore.config import ServerConfig
 from mlxcore.engine.batch_prefill import cache_is_batchable, prefill_together
 from mlxcore.engine.cache_explain import EXPLAIN_OPTION
+from mlxcore.engine.kv_quant import KVQuantization
 from mlxcore.engine.strategies import (
     CacheStrategy,
     Decoder,
@@ -45,9 +46,13 @@ class ChunkedPrefill(PrefillStrategy):
 
     name = "chunked"
 
-    def __init__(self, model: Any, step_size: int = 2048) -> None:
+    def __init__(
+        self, model: Any, step_size: int = 2048, kv_quant: KVQuantization | None = None
+    ) -> None:
         self.model = model
         self.step_size = step_size
+        self.kv_quant = kv_quant
+        """Quantize the cache after the chunk that reaches its start (``--kv-cache-dtype``)."""
         self._batches = 0
         self._batched_requests = 0
 
@@ -63,6 +68,8 @@ class ChunkedPrefill(PrefillStrategy):
             return False
         if len(task.remaining) > self.step_size + 1:
             return False
+        if self.kv_quant is not None and len(request.prompt_tokens) - 1 >= self.kv_quant.start:
+            return False  # quantized after its body: prefilled alone, as mlx-lm does
         return cache_is_batchable(task.cache, len(request.prompt_tokens))
 
     def prefill_batch(self, tasks: Sequence[PrefillTask]) -> list[PrefillResult]:
@@ -85,6 +92,8 @@ class ChunkedPrefill(PrefillStrategy):
             if upcoming:
                 n = upcoming[0] - done
             self.model(tokens[:, done : done + n], cache=task.cache)
+            if self.kv_quant is not None:
+                self.kv_quant.quantize_prefill(task.cache)
             mx.eval([c.state for c in task.cache])
             done += n
             if done in stops and task.snapshot is not None:
@@ -105,13 +114,13 @@ def mlxcore_validate_options(options: dict[str, Any], config: ServerConfig) -> N
 @hookimpl(trylast=True)
 def mlxcore_prefill_strategy(model: Any, info: ModelInfo, config: ServerConfig) -> PrefillStrategy:
     """The default: chunked prefill with ``--prefill-step-size``."""
-    return ChunkedPrefill(model, step_size=config.prefill_step_size)
+    return ChunkedPrefill(model, config.prefill_step_size, KVQuantization.from_config(config))
 
 
 @hookimpl(trylast=True)
 def mlxcore_decoder(model: Any, info: ModelInfo, config: ServerConfig) -> Decoder:
     """The default: plain batched decoding."""
-    return PlainDecoder(model)
+    return PlainDecoder(model, KVQuantization.from_config(config))
 
 
 @hookimpl(trylast=True)

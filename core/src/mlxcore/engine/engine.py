@@ -42,13 +42,14 @@ from mlxcore.engine.events import (
     RequestHandle,
     Usage,
 )
+from mlxcore.engine.kv_quant import KVQuantization
 from mlxcore.engine.loop import BatchLoop, EngineParts, send
 from mlxcore.engine.memory import MemoryBudget, release_memory
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.strategies import CacheStrategy, Decoder, PrefillStrategy
 from mlxcore.engine.threads import run_job
 from mlxcore.engine.validation import ModelLimits, RequestRejected, check_request
-from mlxcore.errors import MlxcoreError
+from mlxcore.errors import MlxcoreError, UsageError
 from mlxcore.model_info import ModelInfo
 
 log = logging.getLogger(__name__)
@@ -97,8 +98,16 @@ class Engine:
         self.info = info
         self.config = config
         self.parts = parts
+        self.kv_quant = KVQuantization.from_config(config)
+        """``--kv-cache-dtype``'s quantization (None: the model's dtype)."""
+        if self.kv_quant is not None:
+            self.kv_quant.check_model(model)
         self.memory = MemoryBudget.for_model(
-            model, config.gpu_memory_utilization, config.mlx_cache_limit_bytes, memory_elsewhere
+            model,
+            config.gpu_memory_utilization,
+            config.mlx_cache_limit_bytes,
+            memory_elsewhere,
+            self.kv_quant,
         )
         self.max_context: int | None = config.max_model_len or info.context_length
         """The most tokens a sequence may hold: ``--max-model-len``, else the model's own."""
@@ -111,6 +120,11 @@ class Engine:
         self.counters: collections.Counter[str] = collections.Counter()
         """Totals across loops: ``prompt_tokens_processed``, ``prefill_shared_prefix_waits``."""
         self._loop = self._new_loop()
+        if self.kv_quant is not None and not self.decoder.supports_kv_quantization:
+            raise UsageError(
+                f"--kv-cache-dtype {config.kv_cache_dtype}: the {self.decoder.name!r} decoder "
+                "does not keep a quantized KV cache; use --kv-cache-dtype auto or the plain decoder"
+            )
         self._waiting: collections.deque[RequestHandle] = collections.deque()
         self._wake = threading.Condition()
         self._uids = itertools.count(1)
@@ -290,6 +304,9 @@ class Engine:
             "memory_kv_reserved_bytes": self._reserved(loop),
             "memory_kv_reserved_peak_bytes": self.peak_reserved,
             "memory_kv_bytes_per_token": self.memory.per_token,
+            "memory_kv_quantized_bytes_per_token": (
+                self.memory.quantized[0] if self.memory.quantized else 0
+            ),
         }
         budget = self.memory.kv_budget(cache.nbytes)
         if budget is not None:
@@ -340,10 +357,10 @@ class Engine:
 
     def _reserved(self, loop: BatchLoop) -> int:
         """Cache bytes the admitted requests may grow to (prompt + max_tokens each)."""
-        tokens = sum(
-            len(live.request.prompt_tokens) + live.request.max_tokens for live in loop.live.values()
+        return sum(
+            self.memory.cost(len(live.request.prompt_tokens) + live.request.max_tokens)
+            for live in loop.live.values()
         )
-        return tokens * self.memory.per_token
 
     def _take_waiting(self, loop: BatchLoop) -> list[RequestHandle]:
         """Pop the requests that may start now: a free slot each, and their cache fits
@@ -354,7 +371,7 @@ class Engine:
         taken: list[RequestHandle] = []
         while room > 0 and self._waiting:
             head = self._waiting[0].request
-            need = (len(head.prompt_tokens) + head.max_tokens) * self.memory.per_token
+            need = self.memory.cost(len(head.prompt_tokens) + head.max_tokens)
             if (loop.live or taken) and not self._fits(loop, reserved + need):
                 break
             taken.append(self._waiting.popleft())

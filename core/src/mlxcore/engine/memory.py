@@ -24,7 +24,7 @@ from typing import Any
 
 import attrs
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache, make_prompt_cache
+from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +125,16 @@ class MemoryBudget:
     cache_limit: int = 0
     elsewhere: Callable[[], int] | None = None
     """Bytes other models in this process hold (several models share one budget)."""
+    quantized: tuple[int, int] | None = None
+    """With ``--kv-cache-dtype``: (bytes per token once quantized, the context length
+    from which a sequence is quantized)."""
+
+    def cost(self, tokens: int) -> int:
+        """The most cache bytes a sequence of up to ``tokens`` tokens holds."""
+        if self.quantized is None:
+            return tokens * self.per_token
+        per_token, start = self.quantized
+        return max(min(tokens, start) * self.per_token, tokens * per_token)
 
     @classmethod
     def for_model(
@@ -133,10 +143,12 @@ class MemoryBudget:
         utilization: float,
         cache_limit: int,
         elsewhere: Callable[[], int] | None = None,
+        kv_quant: Any = None,
     ) -> MemoryBudget:
         """Measure the model and set MLX's memory and buffer-cache limits (``elsewhere``:
         see the attribute; the weights are then this model's parameters, not all of
-        MLX's active memory)."""
+        MLX's active memory; ``kv_quant``: a
+        :class:`~mlxcore.engine.kv_quant.KVQuantization`, or None)."""
         tune_allocator()
         total = physical_memory()
         limit = int(total * utilization) if total else None
@@ -146,6 +158,14 @@ class MemoryBudget:
         mx.set_cache_limit(cache_limit)
         weights = parameter_bytes(model) if elsewhere else mx.get_active_memory()
         per_token = kv_bytes_per_token(model)
+        quantized = None
+        if kv_quant is not None:
+            quantized = (kv_quant.bytes_per_token(model), kv_quant.start)
+            log.info(
+                "kv cache: %s, %.1f KB per token once quantized",
+                kv_quant.label,
+                quantized[0] / 2**10,
+            )
         mx.clear_cache()
         log.info(
             "memory: limit %s, weights %.1f MB, cache %.1f KB per token, buffer cache %.0f MB",
@@ -154,7 +174,7 @@ class MemoryBudget:
             per_token / 2**10,
             cache_limit / 2**20,
         )
-        return cls(limit, weights, per_token, cache_limit, elsewhere)
+        return cls(limit, weights, per_token, cache_limit, elsewhere, quantized)
 
     def kv_budget(self, prefix_cache_bytes: int) -> int | None:
         """Bytes left for running requests' caches (``None``: no limit known)."""
@@ -167,7 +187,12 @@ class MemoryBudget:
         """The longest context one sequence could ever hold, alone."""
         if self.limit is None or self.per_token <= 0:
             return None
-        return max(0, (self.limit - self.weights - self.cache_limit) // self.per_token)
+        room = max(0, self.limit - self.weights - self.cache_limit)
+        if self.quantized is not None and self.quantized[0] > 0:
+            longest = room // self.quantized[0]
+            if longest >= self.quantized[1] and self.cost(longest) <= room:
+                return longest
+        return room // self.per_token
 
 
 def parameter_bytes(model: Any) -> int:
@@ -205,6 +230,13 @@ def _compact_layer(layer: Any, out: list[mx.array]) -> None:
         keys, values = mx.array(full_keys[..., :n, :]), mx.array(full_values[..., :n, :])
         layer.keys, layer.values = keys, values
         out.extend((keys, values))
+        return
+    if type(layer) is QuantizedKVCache and full_keys is not None:
+        n = int(layer.offset)
+        packed = [tuple(mx.array(x[..., :n, :]) for x in part) for part in (full_keys, full_values)]
+        quantized: Any = layer
+        quantized.keys, quantized.values = packed
+        out.extend((*packed[0], *packed[1]))
         return
     for child in getattr(layer, "caches", ()) or ():  # CacheList
         _compact_layer(child, out)

@@ -325,6 +325,9 @@ class Decoder(abc.ABC):
     supports_position_offset: ClassVar[bool] = False
     """True when the decoder honours :attr:`DecodeSequence.position_offset` (needed
     by media requests on M-RoPE models); the engine fails such a request otherwise."""
+    supports_kv_quantization: ClassVar[bool] = False
+    """True when the decoder keeps attention caches quantized under ``--kv-cache-dtype``
+    (see :mod:`mlxcore.engine.kv_quant`); the server refuses the flag otherwise."""
 
     @abc.abstractmethod
     def add(self, seq: DecodeSequence) -> None:

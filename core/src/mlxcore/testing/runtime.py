@@ -71,22 +71,31 @@ def submit_together(
     return results
 
 
-def reference_tokens(rt: Runtime, prompt: Sequence[int], n: int) -> list[int]:
-    """Greedy tokens from mlx-lm's own ``stream_generate``: the ground truth."""
+def reference_tokens(
+    rt: Runtime, prompt: Sequence[int], n: int, **generate_kwargs: Any
+) -> list[int]:
+    """Greedy tokens from mlx-lm's own ``stream_generate``: the ground truth
+    (``generate_kwargs``: e.g. ``kv_bits=8, quantized_kv_start=0``)."""
     from mlx_lm import stream_generate
     from mlx_lm.sample_utils import make_sampler
 
     sampler = make_sampler(0.0)
     return [
-        r.token for r in stream_generate(rt.model, rt.tokenizer, list(prompt), n, sampler=sampler)
+        r.token
+        for r in stream_generate(
+            rt.model, rt.tokenizer, list(prompt), n, sampler=sampler, **generate_kwargs
+        )
     ]
 
 
-def assert_matches_mlx_lm(rt: Runtime, request: GenerationRequest, result: Result) -> None:
-    """Assert that a greedy request finished normally with mlx-lm's tokens and usage."""
+def assert_matches_mlx_lm(
+    rt: Runtime, request: GenerationRequest, result: Result, **generate_kwargs: Any
+) -> None:
+    """Assert that a greedy request finished normally with mlx-lm's tokens and usage
+    (``generate_kwargs``: passed to mlx-lm, see :func:`reference_tokens`)."""
     finish = result.finish
     assert finish is not None and finish.reason in ("length", "stop"), finish
-    expected = reference_tokens(rt, request.prompt_tokens, request.max_tokens)
+    expected = reference_tokens(rt, request.prompt_tokens, request.max_tokens, **generate_kwargs)
     assert result.tokens == expected[: len(result.tokens)], (
         f"diverged for a prompt of {len(request.prompt_tokens)} tokens"
     )

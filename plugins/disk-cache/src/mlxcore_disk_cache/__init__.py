@@ -22,6 +22,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlxcore import hookimpl
 from mlxcore.builtin.prefix_cache import LRUPrefixCache
 from mlxcore.config import ServerConfig
+from mlxcore.engine.kv_quant import KVQuantization
 from mlxcore.engine.strategies import CacheStrategy
 from mlxcore.errors import UsageError
 from mlxcore.model_info import ModelInfo
@@ -87,10 +88,14 @@ def mlxcore_cache_strategy(model: Any, info: ModelInfo, config: ServerConfig) ->
     """The built-in LRU cache of ``--prefix-cache-size`` with the disk tier behind it."""
     settings = read_settings(config, DiskCacheSettings)
     memory = LRUPrefixCache(model, size=config.prefix_cache_size)
+    kv_quant = KVQuantization.from_config(config)
     root = Path(settings.disk_cache_dir).expanduser() if settings.disk_cache_dir else default_dir()
     store: DiskStore | None = None
     try:
-        fingerprint = model_fingerprint(info.path, model, layout_of(make_prompt_cache(model)))
+        layout = layout_of(make_prompt_cache(model))
+        if kv_quant is not None:
+            layout.append(f"kv-cache {kv_quant.label}")  # quantized entries: their own folder
+        fingerprint = model_fingerprint(info.path, model, layout)
         store = DiskStore(root / fingerprint[:24], settings.disk_cache_size)
         store.refresh()
         log.info(
@@ -109,4 +114,5 @@ def mlxcore_cache_strategy(model: Any, info: ModelInfo, config: ServerConfig) ->
         store,
         min_tokens=settings.disk_cache_min_tokens,
         max_pending_bytes=settings.disk_cache_pending,
+        kv_quant=kv_quant,
     )

@@ -21,6 +21,7 @@ from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
 from mlxcore.builtin.prefix_cache import LookupCounter, LRUPrefixCache
 from mlxcore.engine.cache_explain import CacheExplanation, explain_lookup
+from mlxcore.engine.kv_quant import KVQuantization
 from mlxcore.engine.memory import compact_cache
 from mlxcore.engine.strategies import (
     CacheLookup,
@@ -53,6 +54,7 @@ class DiskTieredCache(CacheStrategy):
         *,
         min_tokens: int = 512,
         max_pending_bytes: int = 1 << 30,
+        kv_quant: KVQuantization | None = None,
     ) -> None:
         self.model = model
         self.memory = memory
@@ -62,6 +64,7 @@ class DiskTieredCache(CacheStrategy):
         self.reads = self.read_bytes = self.dropped = 0
         self.read_seconds = 0.0
         self.layout = [type(c).__name__ for c in make_prompt_cache(model)]
+        self.kv_quant = kv_quant
         self.trimmable = memory.trimmable
         self.writer = (
             DiskWriter(store, max_pending_bytes, self._turn_off, trimmable=self.trimmable)
@@ -118,11 +121,27 @@ class DiskTieredCache(CacheStrategy):
             source=source,
         )
 
+    def _layout_ok(self, cache: LayerCache) -> bool:
+        """True when ``cache`` has this model's layers (attention layers may be quantized
+        as ``--kv-cache-dtype`` says)."""
+        if len(cache) != len(self.layout):
+            return False
+        kv = self.kv_quant
+        for layer, expected in zip(cache, self.layout, strict=True):
+            name = type(layer).__name__
+            if name == expected:
+                continue
+            if kv is None or (expected, name) != ("KVCache", "QuantizedKVCache"):
+                return False
+            if (layer.bits, layer.group_size) != (kv.bits, kv.group_size):
+                return False
+        return True
+
     def _load(self, entry: DiskEntry) -> LayerCache | None:
         assert self.disk is not None
         try:
             cache = self.disk.read(entry)
-            if [type(c).__name__ for c in cache] != self.layout:
+            if not self._layout_ok(cache):
                 self.disk.remove(entry)
                 raise CorruptEntry("its cache layout is not this model's")
             mx.eval(_arrays(cache))
