@@ -19,8 +19,8 @@ from mlxcore.engine.sampling import greedy
 from mlxcore.engine.strategies import DecodeSequence
 from mlxcore.errors import UsageError
 from mlxcore.models import load_model
+from mlxcore.speculative.accept import REJECTION, KeyStream, decide, draft_token
 from mlxcore_qwen35_mtp import mlxcore_configure, mlxcore_patch_model, mlxcore_validate_options
-from mlxcore_qwen35_mtp.accept import REJECTION, KeyStream, decide, draft_token
 from mlxcore_qwen35_mtp.decoder import MTPDecoder
 from mlxcore_qwen35_mtp.head import LAYOUT_KEY, SIDECAR, build_head
 

@@ -6,10 +6,11 @@ Design (measured and documented in docs/plugins/qwen35-mtp.md):
   decoder holds its own (``BatchKVCache`` for attention, ``ArraysCache`` for the
   GatedDeltaNet layers; the head has a ``BatchKVCache`` of its own). A round feeds every
   row its pending token ``x`` and its ``k`` drafts, ``[x, d1..dk]``, in ONE forward pass
-  (:func:`~mlxcore_qwen35_mtp.verify.forward_verify`); an acceptance rule (:mod:`.accept`)
-  keeps ``d1..da`` of each row and adds one target token; each row is rolled back to its
-  own length without a replay (:func:`~mlxcore_qwen35_mtp.verify.rollback`). The head
-  then runs once over the verified positions of all rows and drafts the next round.
+  (:func:`~mlxcore.speculative.verify.forward_verify`); an acceptance rule
+  (:mod:`mlxcore.speculative.accept`) keeps ``d1..da`` of each row and adds one target
+  token; each row is rolled back to its own length without a replay
+  (:func:`~mlxcore.speculative.verify.rollback`). The head then runs once over the
+  verified positions of all rows and drafts the next round.
 * A joining sequence enters the batch at once, with no drafts for its first round
   (prefill keeps no hidden state for the head): in that round its draft slots are padding,
   rejected by construction, so it costs no extra forward pass.
@@ -43,9 +44,9 @@ from mlx_lm.models.cache import ArraysCache, KVCache
 from mlxcore.builtin.decoder import PlainDecoder
 from mlxcore.engine.sampling import token_with_logprobs
 from mlxcore.engine.strategies import Decoder, DecodeSequence, SequenceCache, StepToken
-from mlxcore_qwen35_mtp.accept import GREEDY, KeyStream, decide, draft_token, normalize, rule_for
+from mlxcore.speculative.accept import GREEDY, KeyStream, decide, draft_token, normalize, rule_for
+from mlxcore.speculative.verify import drop_kv, rollback
 from mlxcore_qwen35_mtp.head import MTPHead
-from mlxcore_qwen35_mtp.verify import drop_kv, rollback
 
 log = logging.getLogger(__name__)
 

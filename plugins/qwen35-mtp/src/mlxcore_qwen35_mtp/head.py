@@ -24,7 +24,7 @@ from mlx_lm.models.cache import KVCache
 
 from mlxcore.model_info import ModelInfo
 from mlxcore.models import ModelLoadError
-from mlxcore_qwen35_mtp.verify import RecurrentStates, forward_verify
+from mlxcore.speculative.verify import RecurrentStates, forward_verify
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ class MTPHead:
         """Run the main model on ``tokens`` (B, T), keeping per-position recurrent states.
 
         Returns hidden states (B, T, H), logits (B, T, V) and, per layer, the states that
-        :func:`~mlxcore_qwen35_mtp.verify.rollback` selects from.
+        :func:`~mlxcore.speculative.verify.rollback` selects from.
         """
         hidden, recurrent = forward_verify(self.trunk, tokens, cache)
         return hidden, self.project(hidden), recurrent
