@@ -32,7 +32,6 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         "mlxcore.cli",
         "mlxcore.hooks",
         "mlxcore.plugins",
-        "mlxcore.builtin",
         "mlxcore.runtime",
     ),
     "mlxcore.models": ("mlxcore.server", "mlxcore.cli", "mlxcore.engine", "mlxcore.hooks"),

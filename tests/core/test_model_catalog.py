@@ -127,6 +127,7 @@ def test_each_model_gets_its_own_flags_over_the_servers(tmp_path: Path) -> None:
 source = "/models/b"
 max-num-seqs = 4
 tool-call-parser = "hermes"
+kv-cache-dtype = "int8"
 """,
     )
     served = _served(
@@ -137,6 +138,7 @@ tool-call-parser = "hermes"
     assert [s.name for s in (a, c, b)] == ["a", "c", "b"]
     assert (a.config.max_num_seqs, b.config.max_num_seqs, c.config.max_num_seqs) == (8, 4, 8)
     assert b.config.tool_call_parser == "hermes" and a.config.tool_call_parser == "auto"
+    assert (a.config.kv_cache_dtype, b.config.kv_cache_dtype) == ("auto", "int8")
     assert (a.config.model, b.config.model, c.config.model) == (
         "/models/a",
         "/models/b",
@@ -148,6 +150,9 @@ tool-call-parser = "hermes"
 def test_a_bad_per_model_flag_names_the_model(tmp_path: Path) -> None:
     config = write(tmp_path, "[models.b]\nsource = '/m/b'\nmax-num-seqs = 0\n")
     with pytest.raises(UsageError, match=r"model 'b'.*positive integer"):
+        _served(["serve", "/m/a", "--models-config", str(config)])
+    config = write(tmp_path, "[models.b]\nsource = '/m/b'\nkv-cache-dtype = 'fp8'\n")
+    with pytest.raises(UsageError, match=r"model 'b'.*fp8"):
         _served(["serve", "/m/a", "--models-config", str(config)])
     config = write(tmp_path, "[models.b]\nsource = '/m/b'\nno-such-flag = 1\n")
     with pytest.raises(UsageError, match=r"model 'b'.*no-such-flag"):

@@ -1,111 +1,37 @@
-"""The MTP speculative decoder: draft with the head, verify a whole batch in one pass.
+"""The MTP speculative decoder: Qwen3.5's multi-token-prediction head drafts, the shared
+machinery verifies (:class:`mlxcore.speculative.decoder.SpeculativeDecoder`).
 
 Design (measured and documented in docs/plugins/qwen35-mtp.md):
 
-* The speculating sequences form one batch, held in mlx-lm's batch caches as the plain
-  decoder holds its own (``BatchKVCache`` for attention, ``ArraysCache`` for the
-  GatedDeltaNet layers; the head has a ``BatchKVCache`` of its own). A round feeds every
-  row its pending token ``x`` and its ``k`` drafts, ``[x, d1..dk]``, in ONE forward pass
-  (:func:`~mlxcore.speculative.verify.forward_verify`); an acceptance rule
-  (:mod:`mlxcore.speculative.accept`) keeps ``d1..da`` of each row and adds one target
-  token; each row is rolled back to its own length without a replay
-  (:func:`~mlxcore.speculative.verify.rollback`). The head then runs once over the
-  verified positions of all rows and drafts the next round.
+* Verification runs the Qwen3.5 trunk with per-position recurrent states
+  (:func:`mlxcore.speculative.verify.forward_verify`) and keeps its hidden states: the
+  head drafts from them. The head has a ``BatchKVCache`` of its own (the side cache),
+  rolled back with the batch after each round.
+* After each round the head runs once over the verified positions of all rows, with the
+  token that followed each, and drafts ``k`` tokens per row, chaining its own hidden
+  states for the drafts after the first.
 * A joining sequence enters the batch at once, with no drafts for its first round
   (prefill keeps no hidden state for the head): in that round its draft slots are padding,
   rejected by construction, so it costs no extra forward pass.
-* Sequences whose request says ``"speculative": false``, every sequence while more than
-  ``--speculative-disable-by-batch-size`` run, media sequences of a vision-language
-  checkpoint (shifted M-RoPE positions) and sequences the off-switch stopped decode in
-  the wrapped plain batched decoder. A sequence moves from speculation to plain
-  decoding only, never back.
-* Off-switch: the decoder measures what a plain step costs at the current batch size (a
-  round now and then that drafts nothing) and what a speculative round costs. A sequence
-  whose tokens per round stay below that cost ratio after a warm-up would decode faster
-  plainly, and is moved there; so is one that had no draft accepted in its first rounds.
-  Rows of the same batch with no accepted draft yet leave with it.
-* Cool-down: after several sequences in a row were switched off as slow, the head is not
-  paying on this traffic, so new sequences start in the plain decoder (and pay nothing for
-  a probe, including the longer rounds that delay other requests' prefill); every
-  ``REPROBE_EVERY``-th new sequence speculates again, and one that keeps speculating with
-  accepted drafts ends the cool-down.
+* Batch limits, the off-switch and the cool-down are the shared decoder's.
 """
 
 from __future__ import annotations
 
-import logging
-import time
 from typing import Any
 
-import attrs
 import mlx.core as mx
-from mlx_lm.models.cache import ArraysCache, KVCache
+from mlx_lm.models.cache import KVCache
 
-from mlxcore.builtin.decoder import PlainDecoder
-from mlxcore.engine.sampling import token_with_logprobs
-from mlxcore.engine.strategies import Decoder, DecodeSequence, SequenceCache, StepToken
-from mlxcore.speculative.accept import GREEDY, KeyStream, decide, draft_token, normalize, rule_for
-from mlxcore.speculative.verify import drop_kv, rollback
+from mlxcore.speculative.accept import GREEDY, draft_token
+from mlxcore.speculative.decoder import SpecRow, SpeculativeDecoder, cache_supported
+from mlxcore.speculative.verify import RecurrentStates, drop_kv, rollback
 from mlxcore_qwen35_mtp.head import MTPHead
 
-log = logging.getLogger(__name__)
-
-WARMUP_ROUNDS = 16
-"""Speculative rounds a sequence runs before the off-switch compares costs."""
-
-MARGIN = 0.9
-"""A sequence is switched off when its tokens per round fall below this share of the
-break-even (round cost / plain step cost): a noisy average near break-even keeps going."""
-
-HOPELESS_ROUNDS = 3
-"""Speculative rounds after which a sequence with no accepted draft at all is switched off."""
-
-EMA = 0.3
-"""Weight of the newest sample in the averages."""
-
-COOLDOWN_AFTER = 3
-"""Sequences switched off as slow in a row after which new sequences start plain."""
-
-REPROBE_EVERY = 16
-"""During a cool-down, every this-many-th new sequence speculates to measure again."""
-
-PROBE_EVERY = 48
-"""Speculative rounds at one batch size between two plain (draft-free) timing rounds."""
+__all__ = ["MTPDecoder", "cache_supported"]
 
 
-@attrs.define(eq=False)
-class _Spec:
-    """A speculating sequence: its drafts for the next round, its random keys and counters."""
-
-    seq: DecodeSequence
-    keys: KeyStream
-    rule: str
-    drafts: list[Any] = attrs.field(factory=list)
-    """Lazy (1,) token arrays: the drafts of the next round."""
-    draft_q: list[Any] = attrs.field(factory=list)
-    """For the rejection rule, the head's log-probabilities each draft was drawn from."""
-    rounds: int = 0
-    """Rounds this sequence took part in (its prime step included)."""
-    spec_rounds: int = 0
-    """Rounds that verified drafts (the off-switch's warm-up counts these)."""
-    drafted: int = 0
-    accepted: int = 0
-    emitted: int = 0
-    spec_emitted: int = 0
-    """Tokens emitted by the rounds that verified drafts."""
-
-    @property
-    def per_round(self) -> float:
-        """Average tokens emitted per round that verified drafts."""
-        return self.spec_emitted / self.spec_rounds if self.spec_rounds else 0.0
-
-
-def cache_supported(cache: list[Any]) -> bool:
-    """True when every layer can join the batch and roll back per row (KV or arrays cache)."""
-    return all(type(c) in (KVCache, ArraysCache) for c in cache)
-
-
-class MTPDecoder(Decoder):
+class MTPDecoder(SpeculativeDecoder):
     """Speculative decoding with a Qwen3.5 MTP head; plain batched decoding as the fallback.
 
     Args:
@@ -117,8 +43,6 @@ class MTPDecoder(Decoder):
     """
 
     name = "qwen35-mtp"
-    supports_position_offset = True
-    """Shifted (media) sequences decode in the wrapped plain decoder, which honours it."""
 
     def __init__(
         self,
@@ -128,224 +52,34 @@ class MTPDecoder(Decoder):
         disable_by_batch_size: int = 4,
         auto_off: bool = True,
     ) -> None:
+        super().__init__(model, num_speculative_tokens, disable_by_batch_size, auto_off)
         self.head = head
-        self.k = num_speculative_tokens
-        self.disable_by_batch_size = disable_by_batch_size
-        self.auto_off = auto_off
-        self.plain = PlainDecoder(model)
-        self.rows: list[_Spec] = []
-        self.cache: list[Any] = []
-        self.mtp_cache: list[Any] = []
-        self.joining: list[DecodeSequence] = []
-        self.plain_cost: dict[int, float] = {}
-        """Seconds of a draft-free step, by batch size."""
-        self.round_cost: dict[int, float] = {}
-        """Seconds of a speculative round, by batch size."""
-        self._since_probe: dict[int, int] = {}
-        self._totals = {"rounds": 0, "drafted": 0, "accepted": 0, "emitted": 0}
-        self._moved = {"request": 0, "batch": 0, "slow": 0, "cache": 0, "offset": 0}
-        self._slow_streak = 0
-        """Sequences switched off as slow since the last one that speculated usefully."""
-        self._cooled = 0
-        """New sequences seen during the current cool-down."""
 
-    def __len__(self) -> int:
-        return len(self.rows) + len(self.joining) + len(self.plain)
+    @property
+    def mtp_cache(self) -> list[Any]:
+        """The head's batched KV cache."""
+        return self.side_cache
 
-    # -- membership -----------------------------------------------------------
+    def make_side_cache(self) -> list[Any]:
+        return self.head.make_cache()
 
-    def add(self, seq: DecodeSequence) -> None:
-        reason = None
-        if seq.request.options.get("speculative") is False:
-            reason = "request"
-        elif len(self) + 1 > self.disable_by_batch_size:
-            reason = "batch"
-        elif not cache_supported(seq.cache):
-            reason = "cache"
-        elif seq.position_offset:
-            # A media sequence on a vision-language checkpoint: its rotary positions are
-            # shifted (M-RoPE), which the verification pass does not carry.
-            reason = "offset"
-        elif self._cooling_down():
-            reason = "slow"
-            seq.usage["speculative_switched_off"] = "slow"
-        if reason is not None:
-            self._moved[reason] += 1
-            self.plain.add(seq)
-            return
-        self.joining.append(seq)
-
-    def _cooling_down(self) -> bool:
-        """True when a new sequence should start plain (see the module's cool-down)."""
-        if not self.auto_off or self._slow_streak < COOLDOWN_AFTER:
-            return False
-        self._cooled += 1
-        return self._cooled % REPROBE_EVERY != 0
-
-    def remove(self, uid: int) -> SequenceCache | None:
-        for i, seq in enumerate(self.joining):
-            if seq.uid == uid:
-                del self.joining[i]
-                return SequenceCache(seq.cache, len(seq.tokens) - 1)
-        for i, row in enumerate(self.rows):
-            if row.seq.uid == uid:
-                if row.accepted:  # finished speculating with drafts accepted: it pays
-                    self._slow_streak = self._cooled = 0
-                return SequenceCache(self._take(i), len(row.seq.tokens) - 1)
-        return self.plain.remove(uid)
-
-    def _take(self, idx: int) -> list[Any]:
-        """Take row ``idx`` out of the batch; return its own main-model cache."""
-        own = [layer.extract(idx) for layer in self.cache]
-        del self.rows[idx]
-        keep = [i for i in range(len(self.rows) + 1) if i != idx]
-        if self.rows:
-            for layer in (*self.cache, *self.mtp_cache):
-                layer.filter(keep)
-        else:
-            self.cache, self.mtp_cache = [], []
-        return own
-
-    def _to_plain(self, row: _Spec, reason: str) -> None:
-        """Hand a speculating sequence to the plain decoder (for good)."""
-        row.seq.cache = self._take(self.rows.index(row))
-        self._moved[reason] += 1
-        if reason == "slow":
-            self._slow_streak += 1
-        row.seq.usage["speculative_switched_off"] = reason
-        self.plain.add(row.seq)
-
-    def _join(self, row: _Spec, mtp_cache: list[Any]) -> None:
-        """Merge a primed sequence's caches into the batch."""
-        for mine, theirs in ((self.cache, row.seq.cache), (self.mtp_cache, mtp_cache)):
-            merged = [layer.merge([layer]) for layer in theirs]
-            if mine:
-                for batch_layer, new in zip(mine, merged, strict=True):
-                    batch_layer.extend(new)
-            else:
-                mine.extend(merged)
-        row.seq.cache = []  # the batch cache owns the state now
-        self.rows.append(row)
-
-    # -- stepping -------------------------------------------------------------
-
-    def step(self) -> dict[int, list[StepToken]]:
-        if (self.rows or self.joining) and len(self) > self.disable_by_batch_size:
-            for row in list(self.rows):
-                self._to_plain(row, "batch")
-            for seq in self.joining:
-                self._moved["batch"] += 1
-                seq.usage["speculative_switched_off"] = "batch"
-                self.plain.add(seq)
-            self.joining = []
-        joining, self.joining = self.joining, []
-        for seq in joining:
-            row = _Spec(seq, KeyStream(seq.request.sampling.seed), rule_for(seq.sampler))
-            self._join(row, self.head.make_cache())
-        out: dict[int, list[StepToken]] = {}
-        if self.rows:
-            out.update(self._round())
-            slow = [row for row in self.rows if self._too_slow(row)]
-            if slow:  # rows that never had a draft accepted leave with them
-                slow += [
-                    r for r in self.rows if r not in slow and r.spec_rounds > 1 and not r.accepted
-                ]
-            for row in slow:
-                self._to_plain(row, "slow")
-        timed = not self.rows and len(self.plain) > 0
-        started = time.perf_counter()
-        out.update(self.plain.step())
-        if timed:
-            self._note(self.plain_cost, len(self.plain), time.perf_counter() - started)
-        return out
-
-    def _too_slow(self, row: _Spec) -> bool:
-        if not self.auto_off:
-            return False
-        if row.spec_rounds >= HOPELESS_ROUNDS and not row.accepted:
-            return True
-        if row.spec_rounds < WARMUP_ROUNDS:
-            return False
-        size = len(self.rows)
-        plain = self.plain_cost.get(size)
-        spec = self.round_cost.get(size)
-        if plain is None or spec is None:
-            return False
-        return row.per_round < MARGIN * spec / plain
-
-    @staticmethod
-    def _note(costs: dict[int, float], size: int, seconds: float) -> None:
-        prev = costs.get(size)
-        costs[size] = seconds if prev is None else (1 - EMA) * prev + EMA * seconds
-
-    def _round(self) -> dict[int, list[StepToken]]:
-        """Verify every row's drafts in one pass, accept, roll back, draft the next round."""
-        started = time.perf_counter()
-        rows = self.rows
-        size = len(rows)
-        since = self._since_probe.get(size, PROBE_EVERY)
-        probe = self.auto_off and since >= PROBE_EVERY
-        self._since_probe[size] = 0 if probe else since + 1
-        k = 0 if probe else self.k
-        pending = mx.array([[row.seq.next_token] for row in rows], dtype=mx.int32)
-        # a row that just joined has no drafts yet: its slots are padding (the pending token)
-        ks = [k if row.drafts else 0 for row in rows]
-        if k:
-            drafts = mx.stack(
-                [
-                    mx.concatenate(row.drafts).astype(mx.int32)
-                    if row.drafts
-                    else mx.repeat(pending[b], k)
-                    for b, row in enumerate(rows)
-                ]
-            )
-        else:
-            drafts = mx.zeros((size, 0), dtype=mx.int32)
-        inputs = mx.concatenate([pending, drafts], axis=1)
+    def verify(self, inputs: mx.array) -> tuple[mx.array, list[RecurrentStates | None], Any]:
         hidden, logits, recurrent = self.head.verify(inputs, self.cache)
-        targets = [
-            normalize(self._process(row.seq, logits[b, : ks[b] + 1], drafts[b]))
-            for b, row in enumerate(rows)
-        ]
-        mx.eval(targets)
-        draft_lists: list[list[int]] = drafts.tolist()  # type: ignore[assignment]
-        emitted = [
-            decide(
-                row.rule,
-                row.seq.request.sampling,
-                row.seq.sampler,
-                targets[b],
-                draft_lists[b][: ks[b]],
-                row.draft_q[: ks[b]],
-                row.keys,
-            )
-            for b, row in enumerate(rows)
-        ]
-        if probe:
-            self._note(self.plain_cost, size, time.perf_counter() - started)
-        kept = [len(e) for e in emitted]
-        rollback(self.cache, recurrent, kept, k + 1)
+        return logits, recurrent, hidden
+
+    def propose(
+        self, rows: list[SpecRow], emitted: list[list[int]], kept: list[int], width: int, extra: Any
+    ) -> None:
         # the head sees every verified position with the token that followed it; rows
         # keep only their accepted ones (the rest is padding, dropped right after)
-        following = [e + [e[-1]] * (k + 1 - len(e)) for e in emitted]
+        following = [e + [e[-1]] * (width - len(e)) for e in emitted]
         h, head_logits = self.head.draft(
-            mx.array(following), hidden, self.mtp_cache, mx.array([n - 1 for n in kept])
+            mx.array(following), extra, self.side_cache, mx.array([n - 1 for n in kept])
         )
-        rollback(self.mtp_cache, [None] * len(self.mtp_cache), kept, k + 1)
-        self._draft(rows, h, head_logits, self.mtp_cache)
-        out: dict[int, list[StepToken]] = {}
-        for b, row in enumerate(rows):
-            row.seq.tokens.extend(emitted[b])
-            row.seq.next_token = emitted[b][-1]
-            out[row.seq.uid] = self._report(row.seq, emitted[b], targets[b])
-        mx.eval([d for row in rows for d in row.drafts])
-        if not probe:
-            self._note(self.round_cost, size, time.perf_counter() - started)
-        for b, (row, tokens) in enumerate(zip(rows, emitted, strict=True)):
-            self._account(row, ks[b], len(tokens))
-        return out
+        rollback(self.side_cache, [None] * len(self.side_cache), kept, width)
+        self._draft(rows, h, head_logits, self.side_cache)
 
-    def _draft(self, rows: list[_Spec], h: Any, logits: Any, cache: list[Any]) -> None:
+    def _draft(self, rows: list[SpecRow], h: Any, logits: Any, cache: list[Any]) -> None:
         """Draft ``k`` tokens per row from the head's first logits (B, 1, V), chaining."""
         for row in rows:
             row.drafts, row.draft_q = [], []
@@ -372,55 +106,3 @@ class MTPDecoder(Decoder):
                     layer.trim(self.k - 1)
                 else:
                     drop_kv(layer, [self.k - 1] * len(rows))
-
-    def _process(self, seq: DecodeSequence, rows: Any, drafts: Any) -> Any:
-        """Apply the sequence's logits processors to each verified row, with its own context."""
-        if not seq.logits_processors:
-            return rows
-        base = mx.array(seq.tokens)
-        out = []
-        for i in range(rows.shape[0]):
-            context = base if i == 0 else mx.concatenate([base, drafts[:i].astype(base.dtype)])
-            row = rows[i : i + 1]
-            for proc in seq.logits_processors:
-                row = proc(context, row)
-            out.append(row)
-        return mx.concatenate(out, axis=0)
-
-    def _report(self, seq: DecodeSequence, emitted: list[int], target: Any) -> list[StepToken]:
-        sampling = seq.request.sampling
-        if not sampling.logprobs:
-            return [StepToken(t) for t in emitted]
-        return [
-            token_with_logprobs(t, target[i], sampling.top_logprobs) for i, t in enumerate(emitted)
-        ]
-
-    def _account(self, row: _Spec, k: int, emitted: int) -> None:
-        """Update the sequence's usage and the totals."""
-        accepted = emitted - 1
-        row.rounds += 1
-        if k:
-            row.spec_rounds += 1
-            row.spec_emitted += emitted
-        row.drafted += k
-        row.accepted += accepted
-        row.emitted += emitted
-        self._totals["rounds"] += 1
-        self._totals["drafted"] += k
-        self._totals["accepted"] += accepted
-        self._totals["emitted"] += emitted
-        usage = row.seq.usage
-        acceptance = row.accepted / row.drafted if row.drafted else 0.0
-        usage["speculative_acceptance"] = round(acceptance, 4)
-        usage["speculative_tokens_per_step"] = round(row.emitted / row.rounds, 4)
-
-    def stats(self) -> dict[str, float]:
-        """Totals for /metrics: rounds, drafts, acceptance, tokens per step, fallbacks."""
-        t = self._totals
-        out: dict[str, float] = {f"speculative_{k}": float(v) for k, v in t.items()}
-        out["speculative_acceptance"] = t["accepted"] / t["drafted"] if t["drafted"] else 0.0
-        out["speculative_tokens_per_step"] = t["emitted"] / t["rounds"] if t["rounds"] else 0.0
-        out.update({f"speculative_plain_{k}": float(v) for k, v in self._moved.items()})
-        out["speculative_active"] = float(len(self.rows))
-        out["speculative_cooldown"] = float(self._slow_streak >= COOLDOWN_AFTER and self.auto_off)
-        return out
