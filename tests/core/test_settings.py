@@ -9,6 +9,7 @@ from typing import Any
 import attrs
 import pytest
 
+from mlxcore.builtin.speculative import SpeculativeSettings
 from mlxcore.cli.main import build_parser
 from mlxcore.cli.options import config_from_args
 from mlxcore.config import ServerConfig
@@ -71,9 +72,11 @@ def test_plugin_settings_round_trip_through_their_flags(cls: type[Any], prefix: 
 def test_plugin_flags_reach_the_typed_settings() -> None:
     parser = argparse.ArgumentParser()
     add_flags(parser, MTPSettings)
+    add_flags(parser, SpeculativeSettings)
     args = parser.parse_args(["--num-speculative-tokens", "3", "--no-mtp-auto-off"])
-    settings = read_settings(Options(vars(args)), MTPSettings)
-    assert settings == MTPSettings(num_speculative_tokens=3, mtp_auto_off=False)
+    assert read_settings(Options(vars(args)), MTPSettings) == MTPSettings(mtp_auto_off=False)
+    shared = read_settings(Options(vars(args)), SpeculativeSettings)
+    assert (shared.tokens(1), shared.batch_limit(4)) == (3, 4)
 
     parser = argparse.ArgumentParser()
     add_flags(parser, SpecPrefillSettings, prefix=SPECPREFILL_PREFIX)

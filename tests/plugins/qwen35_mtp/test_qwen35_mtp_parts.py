@@ -20,7 +20,7 @@ from mlxcore.engine.strategies import DecodeSequence
 from mlxcore.errors import UsageError
 from mlxcore.models import load_model
 from mlxcore.speculative.accept import REJECTION, KeyStream, decide, draft_token
-from mlxcore_qwen35_mtp import mlxcore_configure, mlxcore_patch_model, mlxcore_validate_options
+from mlxcore_qwen35_mtp import mlxcore_patch_model
 from mlxcore_qwen35_mtp.decoder import MTPDecoder
 from mlxcore_qwen35_mtp.head import LAYOUT_KEY, SIDECAR, build_head
 
@@ -167,6 +167,10 @@ def test_extract_errors(tmp_path: Path) -> None:
 
 
 def test_validate_and_configure() -> None:
+    """The shared speculative option and flags (built-in, so every speculative plugin
+    can rely on them) are checked."""
+    from mlxcore.builtin.speculative import mlxcore_configure, mlxcore_validate_options
+
     cfg = ServerConfig(model="x")
     mlxcore_validate_options({"speculative": False}, cfg)
     mlxcore_validate_options({"other": 1}, cfg)

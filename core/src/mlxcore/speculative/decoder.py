@@ -115,6 +115,10 @@ class SpeculativeDecoder(Decoder):
 
     supports_position_offset = True
     """Shifted (media) sequences decode in the wrapped plain decoder, which honours it."""
+    hopeless_rounds: int = HOPELESS_ROUNDS
+    """Rounds with drafts after which a row with none accepted is switched off (a
+    proposer whose first drafts are often wrong, e.g. prompt lookup before the copying
+    starts, raises it)."""
 
     def __init__(
         self,
@@ -286,7 +290,7 @@ class SpeculativeDecoder(Decoder):
     def _too_slow(self, row: SpecRow) -> bool:
         if not self.auto_off:
             return False
-        if row.spec_rounds >= HOPELESS_ROUNDS and not row.accepted:
+        if row.spec_rounds >= self.hopeless_rounds and not row.accepted:
             return True
         if row.spec_rounds < WARMUP_ROUNDS:
             return False
@@ -364,7 +368,14 @@ class SpeculativeDecoder(Decoder):
         return out
 
     def _process(self, seq: DecodeSequence, rows: Any, drafts: Any) -> Any:
-        """Apply the sequence's logits processors to each verified row, with its own context."""
+        """Apply the sequence's logits processors to each verified row, with its own context.
+
+        Row ``i`` is conditioned on ``drafts[:i]``. When the processed row ``i`` forbids
+        ``drafts[i]`` (a grammar that does not allow the copied or drafted token), that
+        draft is rejected whatever the rule, so the rows after it are never used: they are
+        not processed (a processor would refuse the forbidden token in their context) and
+        repeat row ``i``.
+        """
         if not seq.logits_processors:
             return rows
         base = mx.array(seq.tokens)
@@ -375,6 +386,10 @@ class SpeculativeDecoder(Decoder):
             for proc in seq.logits_processors:
                 row = proc(context, row)
             out.append(row)
+            last = i + 1 == rows.shape[0]
+            if not last and not bool(mx.isfinite(row[0, drafts[i]]).item()):
+                out.extend([row] * (rows.shape[0] - i - 1))
+                break
         return mx.concatenate(out, axis=0)
 
     def _report(self, seq: DecodeSequence, emitted: list[int], target: Any) -> list[StepToken]:

@@ -167,4 +167,43 @@ def drop_kv(cache: Any, drop: Sequence[int]) -> None:
     cache.state = (keys, values, offset, left_padding, idx)
 
 
-__all__ = ["RecurrentStates", "drop_kv", "forward_verify", "rollback"]
+class TargetVerifier:
+    """The target model's verification pass for a decoder that has no trunk of its own.
+
+    Attention-only models run their own ``__call__`` (KV caches roll back by trimming);
+    Qwen3.5-style hybrids (a trunk with ``fa_idx`` / ``ssm_idx`` and GatedDeltaNet layers)
+    run :func:`forward_verify` so their recurrent state can roll back per row. Other
+    recurrent layouts are not supported (:meth:`supports`).
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        lm = getattr(model, "language_model", model)
+        trunk = getattr(lm, "model", None)
+        self.per_position = all(hasattr(trunk, a) for a in ("fa_idx", "ssm_idx", "layers"))
+        self.trunk = trunk
+        tied = getattr(getattr(lm, "args", None), "tie_word_embeddings", False)
+        self.project = (
+            None if trunk is None else (trunk.embed_tokens.as_linear if tied else lm.lm_head)
+        )
+
+    def supports(self, cache: Sequence[Any]) -> bool:
+        """True when a sequence with this cache can be verified and rolled back."""
+        kinds = {type(layer) for layer in cache}
+        if not kinds <= {KVCache, ArraysCache}:
+            return False
+        return ArraysCache not in kinds or self.per_position
+
+    def __call__(
+        self, inputs: mx.array, cache: list[Any]
+    ) -> tuple[mx.array, list[RecurrentStates | None]]:
+        """Logits (B, T, V) for ``inputs`` (B, T), and per layer the per-position
+        recurrent states (``None`` for attention layers)."""
+        if self.per_position and any(isinstance(layer, ArraysCache) for layer in cache):
+            assert self.project is not None
+            hidden, recurrent = forward_verify(self.trunk, inputs, cache)
+            return self.project(hidden), recurrent
+        return self.model(inputs, cache=cache), [None] * len(cache)
+
+
+__all__ = ["RecurrentStates", "TargetVerifier", "drop_kv", "forward_verify", "rollback"]

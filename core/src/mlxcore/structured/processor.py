@@ -99,19 +99,49 @@ class ConstrainedProcessor:
         return self.active and bool(self.matcher.is_stopped())
 
     def __call__(self, tokens: Any, logits: mx.array) -> mx.array:
-        """Feed the tokens generated since the last call; return the masked ``logits``."""
+        """Bring the matcher to ``tokens`` (the context: prompt and output so far) and
+        return the masked ``logits``.
+
+        Between two calls the context may have grown, shrunk, or had its last tokens
+        replaced (a speculative decoder conditions each verified position on drafts that
+        the next round may have rejected): the matcher is rolled back to the part both
+        contexts share, then fed what is new.
+        """
         length = len(tokens)
         if self._seen is None:
             self._seen = length
-        elif length > self._seen:
-            self._advance(_token_list(tokens[self._seen :]))
-            self._seen = length
-        elif length < self._seen:
-            self._rewind(self._seen - length)
-            self._seen = length
+        else:
+            shared = self._shared(tokens, length)
+            if shared < self._seen:
+                self._rewind(self._seen - shared)
+                self._seen = shared
+            if length > self._seen:
+                self._advance(_token_list(tokens[self._seen :]))
+                self._seen = length
         if not self.active:
             return logits
         return apply_bitmask(logits, self._current_mask(logits.shape[-1]))
+
+    def _shared(self, tokens: Any, length: int) -> int:
+        """How many leading tokens of ``tokens`` are those the matcher has seen. Only the
+        last :data:`RECHECK` tokens are compared unless the difference starts before them."""
+        assert self._seen is not None
+        prompt = self._seen - len(self.generated)
+        overlap = min(len(self.generated), length - prompt)
+        if overlap <= 0:
+            return min(length, self._seen)
+        start = max(0, overlap - RECHECK)
+        while True:
+            now = _token_list(tokens[prompt + start : prompt + overlap])
+            before = self.generated[start:overlap]
+            first = next(
+                (i for i, (a, b) in enumerate(zip(now, before, strict=True)) if a != b), None
+            )
+            if first is None:
+                return prompt + overlap
+            if first > 0 or start == 0:
+                return prompt + start + first
+            start = 0  # the difference may start earlier: compare everything
 
     def _advance(self, new: list[int]) -> None:
         for token in new:
@@ -155,6 +185,10 @@ class ConstrainedProcessor:
 
     def _error(self) -> str:
         return str(self.matcher.get_error()).split("\n<state>", 1)[0].strip() or "no detail"
+
+
+RECHECK = 64
+"""Output tokens compared at each call to find where the context changed."""
 
 
 def _token_list(tokens: Any) -> list[int]:

@@ -14,12 +14,12 @@ from typing import Any
 import attrs
 
 from mlxcore import hookimpl
+from mlxcore.builtin.speculative import speculative_settings
 from mlxcore.config import ServerConfig
 from mlxcore.engine.strategies import Decoder
-from mlxcore.errors import OptionError, UsageError
 from mlxcore.hookspecs import OptionGroup
 from mlxcore.model_info import ModelInfo
-from mlxcore.settings import add_flags, positive_int, read_settings, setting
+from mlxcore.settings import add_flags, read_settings, setting
 
 MLXCORE_AUTOLOAD = False
 """Not loaded unless named with `--plugin qwen35-mtp` (or its `mtp` command is run)."""
@@ -35,25 +35,26 @@ log = logging.getLogger(__name__)
 
 @attrs.frozen
 class MTPSettings:
-    """The decoder's settings; each default is stated here only."""
+    """The decoder's own settings; ``--num-speculative-tokens`` (default 1 here) and
+    ``--speculative-disable-by-batch-size`` (default 4 here) are the core's shared ones
+    (:mod:`mlxcore.builtin.speculative`)."""
 
-    num_speculative_tokens: int = setting(
-        1, flag="--num-speculative-tokens", type=positive_int, metavar="N",
-        help="MTP drafts per step (default %(default)s)",
-    )  # fmt: skip
-    speculative_disable_by_batch_size: int = setting(
-        4, flag="--speculative-disable-by-batch-size", type=positive_int, metavar="N",
-        help="decode plainly while more sequences than this run (default %(default)s)",
-    )  # fmt: skip
     mtp_auto_off: bool = setting(
         True, flag="--no-mtp-auto-off", action="store_false",
         help="keep speculating even when it measures slower than plain decoding",
     )  # fmt: skip
 
 
+DEFAULT_TOKENS = 1
+"""Drafts per round unless ``--num-speculative-tokens`` says otherwise."""
+
+DEFAULT_BATCH_LIMIT = 4
+"""``--speculative-disable-by-batch-size`` unless set."""
+
+
 @hookimpl
 def mlxcore_addoption(parser: OptionGroup) -> None:
-    """The decoder options: drafts per step, batch-size limit, the off-switch."""
+    """The decoder's own option: the off-switch."""
     add_flags(parser, MTPSettings)
 
 
@@ -63,16 +64,6 @@ def mlxcore_add_commands(subparsers: Any) -> None:
     from mlxcore_qwen35_mtp.extract import add_commands
 
     add_commands(subparsers)
-
-
-@hookimpl
-def mlxcore_configure(config: ServerConfig) -> None:
-    """Check the option values (also when set without the command line)."""
-    settings = read_settings(config, MTPSettings)
-    for field in ("num_speculative_tokens", "speculative_disable_by_batch_size"):
-        value = getattr(settings, field)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise UsageError(f"--{field.replace('_', '-')} must be an integer >= 1, got {value!r}")
 
 
 @hookimpl
@@ -101,18 +92,11 @@ def mlxcore_decoder(model: Any, info: ModelInfo, config: ServerConfig) -> Decode
     from mlxcore_qwen35_mtp.decoder import MTPDecoder
 
     settings = read_settings(config, MTPSettings)
+    shared = speculative_settings(config)
     return MTPDecoder(
         model,
         head,
-        num_speculative_tokens=settings.num_speculative_tokens,
-        disable_by_batch_size=settings.speculative_disable_by_batch_size,
+        num_speculative_tokens=shared.tokens(DEFAULT_TOKENS),
+        disable_by_batch_size=shared.batch_limit(DEFAULT_BATCH_LIMIT),
         auto_off=settings.mtp_auto_off,
     )
-
-
-@hookimpl
-def mlxcore_validate_options(options: dict[str, Any], config: ServerConfig) -> None:
-    """``"speculative"`` must be a boolean."""
-    value = options.get("speculative")
-    if value is not None and not isinstance(value, bool):
-        raise OptionError("speculative", "must be true or false")
