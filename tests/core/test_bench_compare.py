@@ -72,3 +72,23 @@ def test_compare_body_must_be_a_json_object(body: str) -> None:
     done = _bench("--compare-body", body)
     assert done.returncode == 2
     assert "--compare-body" in done.stderr
+
+
+def test_edit_prompt_and_prompt_tokens_are_exclusive() -> None:
+    done = _bench(
+        "--compare-body", '{"speculative": false}', "--edit-prompt", "--prompt-tokens", "64"
+    )
+    assert done.returncode != 0
+    assert "--edit-prompt and --prompt-tokens" in done.stderr
+
+
+def test_edit_prompt_holds_a_file_of_about_2000_tokens() -> None:
+    from mlxcore.bench import workloads
+    from mlxcore.models.default import ensure_default_model
+
+    count = workloads.token_counter(ensure_default_model())
+    texts = [workloads.edit_messages(i)[0]["content"] for i in range(4)]
+    assert len(set(texts)) == 4  # concurrent requests do not share a prompt
+    for text in texts:
+        assert 1800 <= count(text) <= 2600
+        assert "```python\ndef " in text and "multiply by 100" in text

@@ -50,10 +50,12 @@ class CompareSettings:
     Attributes:
         off_body: the request-body fields that turn the feature off.
         prompt_tokens: the length of each (cold, unique) prompt; None: the writing prompts.
+        edit: every request asks for a ~2,000-token file back with one change.
     """
 
     off_body: dict[str, Any]
     prompt_tokens: int | None = None
+    edit: bool = False
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -67,7 +69,7 @@ def _json_object(text: str) -> dict[str, Any]:
 
 
 def add_compare_options(parser: argparse.ArgumentParser) -> None:
-    """``--compare-body`` and ``--prompt-tokens``."""
+    """``--compare-body``, ``--prompt-tokens`` and ``--edit-prompt``."""
     group = parser.add_argument_group("feature on vs off")
     group.add_argument(
         "--compare-body",
@@ -85,11 +87,19 @@ def add_compare_options(parser: argparse.ArgumentParser) -> None:
         help="with --compare-body: give every request a new, cold prompt of about N tokens "
         "(measures prefill / TTFT); default: the long-writing prompts",
     )
+    group.add_argument(
+        "--edit-prompt",
+        action="store_true",
+        help="with --compare-body: every request holds a ~2,000-token Python file and asks "
+        "for it back with one change (an edit workload: most of the answer is in the prompt)",
+    )
 
 
 def _messages_factory(
     settings: CompareSettings, count_tokens: Callable[[str], int] | None, rng: random.Random
 ) -> Callable[[int], list[workloads.Message]]:
+    if settings.edit:
+        return workloads.edit_messages
     if settings.prompt_tokens is None:
         return workloads.writing_messages
     assert count_tokens is not None
@@ -163,9 +173,8 @@ async def _compare(
     async with client.http_client(max(levels) * 2) as http:
         # Warm-up: both paths compiled, a draft model touched; with long prompts, one long
         # prompt per side, so no measured request pays a path's first-use cost.
-        warm = workloads.writing_messages(0) if compare.prompt_tokens is None else None
         for side in SIDES:
-            messages = warm if warm is not None else make_messages(0)
+            messages = make_messages(0)
             await _batch(http, target, [messages], 2, bodies[side])
         for r in range(settings.repeats):
             for n in levels if r % 2 == 0 else tuple(reversed(levels)):
@@ -258,6 +267,7 @@ def run_compare(settings: BenchSettings, compare: CompareSettings) -> dict[str, 
         "settings": {
             "off_body": compare.off_body,
             "prompt_tokens": compare.prompt_tokens,
+            "edit_prompt": compare.edit,
             "max_tokens": settings.max_tokens,
             "repeats": settings.repeats,
             "concurrency": list(settings.concurrency),
@@ -279,7 +289,8 @@ def format_compare(result: dict[str, Any]) -> str:
         f"{m['server_openblas_preloaded']}, load {m['load_average_start']} -> "
         f"{m['load_average_end']}",
         f"{s['repeats']} runs per side and level (median), {s['max_tokens']} tokens per request"
-        + (f", cold prompts of ~{s['prompt_tokens']} tokens" if s["prompt_tokens"] else ""),
+        + (f", cold prompts of ~{s['prompt_tokens']} tokens" if s["prompt_tokens"] else "")
+        + (", edit prompts (a ~2,000-token file sent back changed)" if s["edit_prompt"] else ""),
         "",
     ]
     head = f"{'conc':>4}  {'side':<4} {'TTFT ms':>9} {'tok/s/stream':>13} {'aggregate':>10}  extras"
@@ -314,7 +325,10 @@ def main_compare(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     if args.prompt_tokens is not None and args.prompt_tokens <= 0:
         raise MlxcoreError("--prompt-tokens must be a positive number of tokens")
-    result = run_compare(settings, CompareSettings(args.compare_body, args.prompt_tokens))
+    if args.edit_prompt and args.prompt_tokens is not None:
+        raise MlxcoreError("--edit-prompt and --prompt-tokens choose different prompts: pick one")
+    compare = CompareSettings(args.compare_body, args.prompt_tokens, args.edit_prompt)
+    result = run_compare(settings, compare)
     text = json.dumps(result, indent=2)
     if settings.output is not None:
         settings.output.write_text(text + "\n")

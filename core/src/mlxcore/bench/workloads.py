@@ -66,6 +66,39 @@ def writing_messages(index: int) -> list[Message]:
     ]
 
 
+def python_file(functions: int, name: str = "compute") -> str:
+    """A plain Python module of ``functions`` small functions (~33 tokens each)."""
+    return "".join(
+        f"def {name}_{i}(values):\n    total = 0\n    for v in values:\n"
+        f"        total += v * {i + 1}\n    return total\n\n"
+        for i in range(functions)
+    )
+
+
+#: Functions in the edit workload's file: about 2,000 tokens with SmolLM2's tokenizer.
+EDIT_FILE_FUNCTIONS = 60
+_EDIT_NAMES = ("compute", "scale", "weigh", "tally")
+
+
+def edit_messages(index: int) -> list[Message]:
+    """A chat holding a ~2,000-token Python file and asking for it back with one change.
+
+    The workload speculation from the context (prompt lookup) is for: most of the answer
+    is a copy of the prompt. ``index`` picks the functions' names, so concurrent requests
+    do not share a prompt.
+    """
+    name = _EDIT_NAMES[index % len(_EDIT_NAMES)]
+    return [
+        {
+            "role": "user",
+            "content": "Here is a Python file:\n\n```python\n"
+            + python_file(EDIT_FILE_FUNCTIONS, name)
+            + f"```\n\nReturn the whole file unchanged except that {name}_3 should multiply "
+            "by 100. Output only the code.",
+        }
+    ]
+
+
 def token_counter(model_path: Any) -> Callable[[str], int]:
     """Counts a text's tokens with the tokenizer of the model folder ``model_path``."""
     from mlx_lm.utils import load_tokenizer

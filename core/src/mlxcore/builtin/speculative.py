@@ -31,7 +31,7 @@ class SpeculativeSettings:
     num_speculative_tokens: int | None = setting(
         None, flag="--num-speculative-tokens", type=positive_int, metavar="N",
         help="drafts per step of a speculative decoder plugin (default: the plugin's own: "
-        "qwen35-mtp 1, prompt-lookup 4)",
+        "qwen35-mtp 1, prompt-lookup 4, draft 3)",
     )  # fmt: skip
     speculative_disable_by_batch_size: int | None = setting(
         None, flag="--speculative-disable-by-batch-size", type=positive_int, metavar="N",

@@ -23,9 +23,11 @@ Around that core, the policies that keep speculation from costing more than it g
   whose tokens per round stay below that cost ratio after a warm-up would decode faster
   plainly, and is moved there; so is one that had no draft accepted in its first rounds.
   Rows of the same batch with no accepted draft yet leave with it.
-* Cool-down: after several sequences in a row were switched off as slow, new sequences
-  start in the plain decoder; every ``REPROBE_EVERY``-th new sequence speculates again,
-  and one that keeps speculating with accepted drafts ends the cool-down.
+* Cool-down: after several sequences in a row were switched off as slow at some batch
+  size, new sequences that would decode in a batch at least that large start in the
+  plain decoder (speculation that is too slow with four rows may still pay alone);
+  every ``REPROBE_EVERY``-th of them speculates again, and one that finishes speculating
+  with accepted drafts ends the cool-down for its batch size and smaller ones.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from mlxcore.builtin.decoder import PlainDecoder
 from mlxcore.engine.sampling import token_with_logprobs
 from mlxcore.engine.strategies import Decoder, DecodeSequence, SequenceCache, StepToken
 from mlxcore.speculative.accept import KeyStream, decide, normalize, rule_for
-from mlxcore.speculative.verify import RecurrentStates, rollback
+from mlxcore.speculative.verify import RecurrentStates, TargetVerifier, rollback
 
 WARMUP_ROUNDS = 16
 """Speculative rounds a sequence runs before the off-switch compares costs."""
@@ -144,8 +146,9 @@ class SpeculativeDecoder(Decoder):
         self._since_probe: dict[int, int] = {}
         self._totals = {"rounds": 0, "drafted": 0, "accepted": 0, "emitted": 0}
         self._moved = {"request": 0, "batch": 0, "slow": 0, "cache": 0, "offset": 0}
-        self._slow_streak = 0
-        """Sequences switched off as slow since the last one that speculated usefully."""
+        self._slow_streak: dict[int, int] = {}
+        """By batch size: sequences switched off as slow there since the last one that
+        speculated usefully at that size or a larger one."""
         self._cooled = 0
         """New sequences seen during the current cool-down."""
 
@@ -171,8 +174,9 @@ class SpeculativeDecoder(Decoder):
         the positions of the ``width`` fed that it kept, ``extra`` what :meth:`verify`
         returned. A subclass with a side cache rolls it back here."""
 
-    def make_side_cache(self) -> list[Any]:
-        """A fresh side cache for one joining sequence (none by default)."""
+    def make_side_cache(self, seq: DecodeSequence) -> list[Any]:
+        """The side cache of a joining sequence (none by default); a draft model's would
+        hold ``seq.tokens[:-1]``, as the sequence's own cache does."""
         return []
 
     # -- membership -----------------------------------------------------------
@@ -205,7 +209,10 @@ class SpeculativeDecoder(Decoder):
 
     def _cooling_down(self) -> bool:
         """True when a new sequence should start plain (see the module's cool-down)."""
-        if not self.auto_off or self._slow_streak < COOLDOWN_AFTER:
+        if not self.auto_off:
+            return False
+        size = len(self) + 1
+        if not any(n >= COOLDOWN_AFTER for s, n in self._slow_streak.items() if s <= size):
             return False
         self._cooled += 1
         return self._cooled % REPROBE_EVERY != 0
@@ -218,7 +225,9 @@ class SpeculativeDecoder(Decoder):
         for i, row in enumerate(self.rows):
             if row.seq.uid == uid:
                 if row.accepted:  # finished speculating with drafts accepted: it pays
-                    self._slow_streak = self._cooled = 0
+                    size = len(self.rows)
+                    self._slow_streak = {s: n for s, n in self._slow_streak.items() if s > size}
+                    self._cooled = 0
                 return SequenceCache(self._take(i), len(row.seq.tokens) - 1)
         return self.plain.remove(uid)
 
@@ -234,12 +243,13 @@ class SpeculativeDecoder(Decoder):
             self.cache, self.side_cache = [], []
         return own
 
-    def _to_plain(self, row: SpecRow, reason: str) -> None:
-        """Hand a speculating sequence to the plain decoder (for good)."""
+    def _to_plain(self, row: SpecRow, reason: str, size: int = 0) -> None:
+        """Hand a speculating sequence to the plain decoder (for good); ``size``: the
+        batch size it was measured slow at."""
         row.seq.cache = self._take(self.rows.index(row))
         self._moved[reason] += 1
         if reason == "slow":
-            self._slow_streak += 1
+            self._slow_streak[size] = self._slow_streak.get(size, 0) + 1
         row.seq.usage["speculative_switched_off"] = reason
         self.plain.add(row.seq)
 
@@ -269,7 +279,7 @@ class SpeculativeDecoder(Decoder):
         joining, self.joining = self.joining, []
         for seq in joining:
             row = SpecRow(seq, KeyStream(seq.request.sampling.seed), rule_for(seq.sampler))
-            self._join(row, self.make_side_cache())
+            self._join(row, self.make_side_cache(seq))
         out: dict[int, list[StepToken]] = {}
         if self.rows:
             out.update(self._round())
@@ -278,8 +288,9 @@ class SpeculativeDecoder(Decoder):
                 slow += [
                     r for r in self.rows if r not in slow and r.spec_rounds > 1 and not r.accepted
                 ]
+            size = len(self.rows)
             for row in slow:
-                self._to_plain(row, "slow")
+                self._to_plain(row, "slow", size)
         timed = not self.rows and len(self.plain) > 0
         started = time.perf_counter()
         out.update(self.plain.step())
@@ -427,5 +438,39 @@ class SpeculativeDecoder(Decoder):
         out["speculative_tokens_per_step"] = t["emitted"] / t["rounds"] if t["rounds"] else 0.0
         out.update({f"speculative_plain_{k}": float(v) for k, v in self._moved.items()})
         out["speculative_active"] = float(len(self.rows))
-        out["speculative_cooldown"] = float(self._slow_streak >= COOLDOWN_AFTER and self.auto_off)
+        cooling = any(n >= COOLDOWN_AFTER for n in self._slow_streak.values())
+        out["speculative_cooldown"] = float(cooling and self.auto_off)
         return out
+
+
+class TargetVerifiedDecoder(SpeculativeDecoder):
+    """A speculative decoder whose verification is the target model's own forward pass.
+
+    For proposers that have no trunk of their own (prompt lookup, a separate draft model):
+    :class:`~mlxcore.speculative.verify.TargetVerifier` runs the model (per-position
+    recurrent states for Qwen3.5 hybrids), and a sequence whose cache it cannot roll back
+    decodes plainly. :attr:`vocab` is the width of the target's logits once a round ran.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        num_speculative_tokens: int = 1,
+        disable_by_batch_size: int = 4,
+        auto_off: bool = True,
+    ) -> None:
+        super().__init__(model, num_speculative_tokens, disable_by_batch_size, auto_off)
+        self.verifier = TargetVerifier(model)
+        self.vocab = 0
+
+    def add(self, seq: DecodeSequence) -> None:
+        if not self.verifier.supports(seq.cache):
+            self._moved["cache"] += 1
+            self.plain.add(seq)
+            return
+        super().add(seq)
+
+    def verify(self, inputs: mx.array) -> tuple[mx.array, list[RecurrentStates | None], Any]:
+        logits, recurrent = self.verifier(inputs, self.cache)
+        self.vocab = int(logits.shape[-1])
+        return logits, recurrent, None

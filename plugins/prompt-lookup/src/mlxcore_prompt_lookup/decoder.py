@@ -17,14 +17,13 @@ from typing import Any
 
 import mlx.core as mx
 
-from mlxcore.engine.strategies import DecodeSequence, SequenceCache
+from mlxcore.engine.strategies import SequenceCache
 from mlxcore.speculative.accept import REJECTION
-from mlxcore.speculative.decoder import SpecRow, SpeculativeDecoder
-from mlxcore.speculative.verify import RecurrentStates, TargetVerifier
+from mlxcore.speculative.decoder import SpecRow, TargetVerifiedDecoder
 from mlxcore_prompt_lookup.ngram import NgramIndex
 
 
-class PromptLookupDecoder(SpeculativeDecoder):
+class PromptLookupDecoder(TargetVerifiedDecoder):
     """Speculative decoding with drafts looked up in the sequence's own context.
 
     Args:
@@ -50,32 +49,18 @@ class PromptLookupDecoder(SpeculativeDecoder):
         auto_off: bool = True,
     ) -> None:
         super().__init__(model, num_speculative_tokens, disable_by_batch_size, auto_off)
-        self.verifier = TargetVerifier(model)
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self._index: dict[int, NgramIndex] = {}
         """Per sequence uid, its context's n-gram index."""
-        self._vocab = 0
-
-    def add(self, seq: DecodeSequence) -> None:
-        if not self.verifier.supports(seq.cache):
-            self._moved["cache"] += 1
-            self.plain.add(seq)
-            return
-        super().add(seq)
 
     def remove(self, uid: int) -> SequenceCache | None:
         self._index.pop(uid, None)
         return super().remove(uid)
 
-    def _to_plain(self, row: SpecRow, reason: str) -> None:
+    def _to_plain(self, row: SpecRow, reason: str, size: int = 0) -> None:
         self._index.pop(row.seq.uid, None)
-        super()._to_plain(row, reason)
-
-    def verify(self, inputs: mx.array) -> tuple[mx.array, list[RecurrentStates | None], Any]:
-        logits, recurrent = self.verifier(inputs, self.cache)
-        self._vocab = int(logits.shape[-1])
-        return logits, recurrent, None
+        super()._to_plain(row, reason, size)
 
     def propose(
         self, rows: list[SpecRow], emitted: list[list[int]], kept: list[int], width: int, extra: Any
@@ -94,4 +79,4 @@ class PromptLookupDecoder(SpeculativeDecoder):
 
     def _one_hot(self, token: int) -> mx.array:
         """Log-probabilities of a deterministic draft: 0 at ``token``, -inf elsewhere."""
-        return mx.where(mx.arange(self._vocab) == token, 0.0, -mx.inf)[None]
+        return mx.where(mx.arange(self.vocab) == token, 0.0, -mx.inf)[None]

@@ -23,6 +23,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
+from mlxcore.engine.strategies import DecodeSequence
 from mlxcore.speculative.accept import GREEDY, draft_token
 from mlxcore.speculative.decoder import SpecRow, SpeculativeDecoder, cache_supported
 from mlxcore.speculative.verify import RecurrentStates, drop_kv, rollback
@@ -60,7 +61,7 @@ class MTPDecoder(SpeculativeDecoder):
         """The head's batched KV cache."""
         return self.side_cache
 
-    def make_side_cache(self) -> list[Any]:
+    def make_side_cache(self, seq: DecodeSequence) -> list[Any]:
         return self.head.make_cache()
 
     def verify(self, inputs: mx.array) -> tuple[mx.array, list[RecurrentStates | None], Any]:
