@@ -35,6 +35,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
         "mlxcore.runtime",
     ),
     "mlxcore.models": ("mlxcore.server", "mlxcore.cli", "mlxcore.engine", "mlxcore.hooks"),
+    "mlxcore.distributed": ("mlxcore.server", "mlxcore.cli", "mlxcore.hooks"),
     "mlxcore.parsers": ("mlxcore.server", "mlxcore.cli", "mlxcore.engine", "mlxcore.hooks"),
     "mlxcore.output": ("mlxcore.server", "mlxcore.cli", "mlxcore.hooks"),
     "mlxcore.structured": ("mlxcore.server", "mlxcore.cli", "mlxcore.hooks"),

@@ -222,6 +222,30 @@ class ServerConfig:
         2, flag="--prepare-workers", group=HTTP, type=positive_int, metavar="N",
         help="threads that template, tokenize and fetch media for new requests",
     )  # fmt: skip
+    # -- distributed (docs/distributed.md) ---------------------------------------
+    distributed: bool = setting(
+        False, flag="--distributed", group=HTTP, action="store_true",
+        help="serve one model split over the ranks of an mlx.distributed group (run on "
+        "every rank, e.g. by `mlxcore launch`); rank 0 answers HTTP",
+    )  # fmt: skip
+    tensor_parallel: bool = setting(
+        False, flag="--tensor-parallel", group=HTTP, action="store_true",
+        help="with --distributed: split every layer's heads over the ranks (the default)",
+    )  # fmt: skip
+    pipeline_parallel: bool = setting(
+        False, flag="--pipeline-parallel", group=HTTP, action="store_true",
+        help="with --distributed: give each rank a contiguous run of layers",
+    )  # fmt: skip
+    distributed_backend: str = setting(
+        "ring", flag="--distributed-backend", group=HTTP,
+        choices=("ring", "jaccl", "mpi", "nccl"),
+        help="mlx.distributed backend with --distributed (default ring: TCP)",
+    )  # fmt: skip
+    distributed_timeout: float = setting(
+        20.0, flag="--distributed-timeout", group=HTTP, type=seconds, metavar="SECONDS",
+        help="with --distributed: an engine step (or an idle pause) taking longer than this "
+        "means a rank was lost: the requests fail, /health turns 503, the ranks exit 70",
+    )  # fmt: skip
     plugin_options: Mapping[str, Any] = attrs.field(factory=dict)
     """Values of the flags plugins added, by argparse ``dest``."""
 

@@ -121,13 +121,18 @@ def build_runtime(
     config: ServerConfig,
     hooks: PluginHooks,
     memory_elsewhere: Callable[[], int] | None = None,
+    split: Callable[[Any], None] | None = None,
 ) -> Runtime:
     """Load the model, let plugins patch it, choose parsers, and build the engine
-    (not yet started; ``memory_elsewhere``: see :class:`Engine`)."""
+    (not yet started; ``memory_elsewhere``: see :class:`Engine`). ``split`` (a
+    distributed rank) is given the model before any weight is read, to keep this
+    rank's share of it."""
     from mlxcore.models.loader import load_model
 
     _, resolved = resolve_model_path(config.model)
-    loaded = hooks.load_model(resolved, config) or load_model(resolved)
+    loaded = hooks.load_model(resolved, config) or load_model(resolved, lazy=split is not None)
+    if split is not None:
+        split(loaded.model)
     hooks.patch_model(loaded.model, loaded.info, config)
     info = loaded.info
     if info.chat_template:

@@ -70,7 +70,9 @@ def assert_lossless(rt: Runtime, requests: list[GenerationRequest], results: lis
 def test_greedy_output_is_the_plain_decoders_alone_together_and_cached(
     family: str, request: pytest.FixtureRequest, runtimes: Any
 ) -> None:
-    rt = runtimes(request.getfixturevalue(family), **NO_AUTO_OFF)
+    rt = runtimes(
+        request.getfixturevalue(family), **NO_AUTO_OFF, speculative_disable_by_batch_size=8
+    )
     batch = prompts(7, 20)
     # a history checkpoint where each prompt ends, so the next turn hits the cache on the
     # hybrid model too (its recurrent state is reused only at an exact prefix)
@@ -87,6 +89,7 @@ def test_greedy_output_is_the_plain_decoders_alone_together_and_cached(
     stats = rt.engine.decoder.stats()
     assert stats["speculative_accepted"] > 0  # drafts were verified and taken, not only proposed
     assert stats["speculative_drafted"] > stats["speculative_accepted"] or family != "tiny_qwen3_5"
+    assert stats["speculative_plain_batch"] == 0  # all eight speculated together
 
 
 def test_a_request_can_turn_it_off(tiny_qwen3: Path, runtimes: Any) -> None:
@@ -103,7 +106,8 @@ def test_temperature_one_keeps_the_models_distribution(
 ) -> None:
     folder = tmp_path_factory.mktemp("lookup-sampling") / "model"
     build_mtp_model(folder, size=TINY_SIZE, merges=0, scale=6.0, agree=0.8, seed=3)
-    rt = runtimes(folder, **NO_AUTO_OFF, speculative_disable_by_batch_size=128)
+    # one-token matches: many drafts (most of them wrong), so the rule runs often
+    rt = runtimes(folder, **NO_AUTO_OFF, speculative_disable_by_batch_size=128, lookup_min_ngram=1)
     prompt = list(rt.tokenizer.encode("The quick brown fox"))
     p = exact_p(rt)
     before = rt.engine.decoder.stats()

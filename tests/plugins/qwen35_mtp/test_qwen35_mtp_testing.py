@@ -109,3 +109,25 @@ def test_never_agreeing_head_is_switched_off(models: dict[str, Path]) -> None:
         assert rt.engine.decoder.stats()["speculative_rounds"] > rounds  # only the re-probe
     finally:
         rt.engine.shutdown()
+
+
+def test_a_cool_down_learnt_in_a_batch_covers_a_lone_request(models: dict[str, Path]) -> None:
+    from mlxcore.testing.runtime import submit_together
+
+    rt = runtime(models["never"], num_speculative_tokens=2)
+    try:
+        topics = ("a lighthouse", "a river", "a fox")
+        prompts = [tuple(rt.tokenizer.encode(f"Write a story about {t}.")) for t in topics]
+        results = submit_together(rt, [GenerationRequest(p, 12) for p in prompts])
+        for res in results:  # switched off in a batch of up to three, no draft ever accepted
+            assert res.finish is not None
+            assert res.finish.usage.extra.get("speculative_switched_off") == "slow"
+        assert rt.engine.decoder.stats()["speculative_cooldown"] == 1.0
+        rounds = rt.engine.decoder.stats()["speculative_rounds"]
+        # acceptance does not depend on the batch: a lone request now starts plain too
+        _, finish = generate(rt, list(prompts[0]), 12)
+        assert finish.usage.extra.get("speculative_switched_off") == "slow"
+        assert "speculative_acceptance" not in finish.usage.extra
+        assert rt.engine.decoder.stats()["speculative_rounds"] == rounds
+    finally:
+        rt.engine.shutdown()

@@ -141,6 +141,10 @@ class _ExplainedLRU(LRUPromptCache):
         return best
 
 
+UNBOUNDED_BYTES = 1 << 62
+"""The byte bound of a cache that evicts only when told (see ``follow_evictions``)."""
+
+
 class LRUPrefixCache(CacheStrategy):
     """Prefix reuse on mlx-lm's ``LRUPromptCache``, bounded in tokens or bytes.
 
@@ -252,6 +256,13 @@ class LRUPrefixCache(CacheStrategy):
 
     def evict(self, nbytes: int) -> None:
         self.lru.trim_to(n_bytes=self.lru.nbytes - nbytes)
+
+    def follow_evictions(self) -> None:
+        if self.enabled:
+            self.lru.max_bytes = UNBOUNDED_BYTES
+
+    def trim_entries(self, count: int) -> None:
+        self.lru.trim_to(n_sequences=count)
 
     def stats(self) -> CacheStats:
         return self.counter.stats(

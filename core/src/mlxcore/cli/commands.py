@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pluggy
 
+from mlxcore.cli.distributed import parallel_mode
 from mlxcore.cli.model_specs import ServedModels
 from mlxcore.config import ServerConfig
 from mlxcore.engine.events import FinishEvent, TokenEvent
@@ -132,6 +135,9 @@ def serve(config: ServerConfig, hooks: PluginHooks, models: ServedModels) -> int
     )
     enabled = [name for name, plugin in hooks.pm.list_name_plugin() if plugin is not None]
     log.info("plugins: %s", ", ".join(enabled))
+    if config.distributed:
+        return _serve_distributed(config, hooks, router, run_server)
+    parallel_mode(config)  # --tensor-parallel without --distributed is refused
     if router.single:
         rt = build_runtime(config, hooks)
         log.info("model: %s (%s)", router.default.spec.name, rt.info.model_type)
@@ -149,3 +155,26 @@ def serve(config: ServerConfig, hooks: PluginHooks, models: ServedModels) -> int
             ", embeddings" if entry.task == "embed" else "",
         )
     return run_server(router, hooks, preload)
+
+
+def _serve_distributed(
+    config: ServerConfig, hooks: PluginHooks, router: Any, run_server: Callable[..., int]
+) -> int:
+    """One rank of ``serve --distributed``: rank 0 serves HTTP, the others follow."""
+    from mlxcore.cli.distributed import exit_now, follow, start_rank
+
+    if not router.single:
+        raise MlxcoreError("--distributed serves one model: drop --model / --models-config")
+    rt, lockstep = start_rank(config, hooks)
+    if lockstep.channel.rank != 0:
+        exit_now(follow(rt, lockstep))
+    rt.engine.step_sync = lockstep
+    rt.engine.start()
+    log.info("model: %s (%s), distributed", router.default.spec.name, rt.info.model_type)
+    router.adopt(router.default, rt)
+    # uvicorn raises the stop signal again once it has shut down; the group's exit
+    # status must say how the server ended, not that a signal stopped it
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: None)
+    exit_now(int(run_server(router, hooks)))
+    return 0  # not reached

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mlxcore.cli")
 
-CORE_COMMANDS = ("serve", "generate", "bench", "plugins", "parse")
+CORE_COMMANDS = ("serve", "generate", "bench", "plugins", "parse", "launch")
 MODEL_COMMANDS = ("serve", "generate", "bench")
 
 
@@ -37,6 +37,8 @@ def build_parser(hooks: PluginHooks | None) -> tuple[argparse.ArgumentParser, se
     from mlxcore.bench.compare import add_compare_options
     from mlxcore.bench.options import add_bench_options
     from mlxcore.bench.peer import add_peer_options
+    from mlxcore.cli.launch_command import HELP as LAUNCH_HELP
+    from mlxcore.cli.launch_command import add_launch_command
     from mlxcore.cli.parse_command import HELP as PARSE_HELP
     from mlxcore.cli.parse_command import add_parse_options
 
@@ -84,6 +86,7 @@ def build_parser(hooks: PluginHooks | None) -> tuple[argparse.ArgumentParser, se
         add_peer_options,
     )
     add("plugins", "list installed plugins: name, distribution, version, hooks, status")
+    add_launch_command(add("launch", LAUNCH_HELP))
     add("parse", PARSE_HELP, add_parse_options)
     if hooks is not None:
         hooks.add_commands(_PluginCommands(sub))
@@ -168,6 +171,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from mlxcore.cli.commands import list_plugins
 
             return list_plugins(pm)
+        if args.command == "launch":
+            from mlxcore.cli.launch_command import run_launch
+
+            return run_launch(args)
         if args.command == "parse":
             from mlxcore.cli.parse_command import run_parse
 

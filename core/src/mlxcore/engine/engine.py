@@ -43,7 +43,7 @@ from mlxcore.engine.events import (
     Usage,
 )
 from mlxcore.engine.kv_quant import KVQuantization
-from mlxcore.engine.loop import BatchLoop, EngineParts, send
+from mlxcore.engine.loop import BatchLoop, EngineParts, StepSync, send
 from mlxcore.engine.memory import MemoryBudget, release_memory
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.strategies import CacheStrategy, Decoder, PrefillStrategy
@@ -119,7 +119,7 @@ class Engine:
         )
         self.counters: collections.Counter[str] = collections.Counter()
         """Totals across loops: ``prompt_tokens_processed``, ``prefill_shared_prefix_waits``."""
-        self._loop = self._new_loop()
+        self._loop = self.new_loop()
         if self.kv_quant is not None and not self.decoder.supports_kv_quantization:
             raise UsageError(
                 f"--kv-cache-dtype {config.kv_cache_dtype}: the {self.decoder.name!r} decoder "
@@ -146,6 +146,9 @@ class Engine:
         self.expired = 0
         self.peak_reserved = 0
         """The most cache bytes admitted requests could hold at once, so far."""
+        self.step_sync: StepSync | None = None
+        """Set on rank 0 of a distributed engine (:mod:`mlxcore.distributed.lockstep`):
+        every step is announced to the other ranks first; faults are final."""
         log.info(
             "engine strategies: cache=%s prefill=%s decoder=%s",
             self.cache.name,
@@ -153,7 +156,8 @@ class Engine:
             self.decoder.name,
         )
 
-    def _new_loop(self) -> BatchLoop:
+    def new_loop(self) -> BatchLoop:
+        """A batch loop with fresh strategies and this engine's settings."""
         return BatchLoop(
             self.parts,
             self.info.eos_token_ids,
@@ -191,7 +195,7 @@ class Engine:
             epoch = self._epoch
             self._thread_done = run_job(lambda stream: self._run(stream, epoch, fresh=False))
             watching = self._watchdog is not None and self._watchdog.is_alive()
-            if not watching and self.config.engine_watchdog > 0:
+            if not watching and self._watch_period() > 0:
                 self._watchdog = threading.Thread(
                     target=self._watch, name="mlxcore-watchdog", daemon=True
                 )
@@ -314,6 +318,8 @@ class Engine:
         if self.memory.limit is not None:
             out["memory_limit_bytes"] = self.memory.limit
         out["memory_mlx_cache_limit_bytes"] = self.memory.cache_limit
+        if self.step_sync is not None:
+            out.update({f"distributed_{k}": v for k, v in self.step_sync.stats().items()})
         try:
             out.update({f"decoder_{k}": v for k, v in loop.decoder.stats().items()})
             out.update({f"prefill_{k}": v for k, v in loop.prefill.stats().items()})
@@ -403,15 +409,24 @@ class Engine:
                     if epoch != self._epoch:
                         return  # superseded: a hung step was abandoned
                     loop = self._loop
-                    if self._idle(loop):
+                    sync = self.step_sync
+                    idle = self._idle(loop)
+                    if idle and sync is None:
                         self._wait_idle(loop)
                         continue
-                    if self._stopping and self._drained(loop):
-                        break
-                    self._expire_waiting()
-                    admitted = [] if self._stopping else self._take_waiting(loop)
+                    if not idle:
+                        if self._stopping and self._drained(loop):
+                            break
+                        self._expire_waiting()
+                        admitted = [] if self._stopping else self._take_waiting(loop)
                 self._busy_since = time.monotonic()
+                if idle and sync is not None and not self._pause(epoch, sync, loop):
+                    return
+                if idle:
+                    continue
                 try:
+                    if sync is not None:
+                        admitted = sync.lead(loop, admitted)
                     loop.iterate(admitted)
                 except Exception as exc:
                     self._busy_since = None
@@ -424,22 +439,47 @@ class Engine:
             with self._wake:
                 if epoch == self._epoch:
                     self._loop.fail_all("the server is shutting down", UNAVAILABLE)
+            self._close_sync()
+
+    def _close_sync(self) -> None:
+        """Tell the other ranks of a distributed engine to stop (best effort)."""
+        if self.step_sync is None:
+            return
+        try:
+            self.step_sync.close()
+        except Exception as exc:
+            log.warning("could not tell the other ranks to stop: %s", exc)
 
     def _idle(self, loop: BatchLoop) -> bool:
         if self._stopping:
             return False
         return not self._waiting and not loop.live
 
-    def _wait_idle(self, loop: BatchLoop) -> None:
-        """Nothing to do: sleep until woken; once idle for :data:`IDLE_RELEASE_SECONDS`,
-        give MLX's buffer cache and the C heap's free pages back (caller holds the lock)."""
+    def _wait_idle(self, loop: BatchLoop, timeout: float = IDLE_RELEASE_SECONDS / 2) -> None:
+        """Nothing to do: sleep until woken (at most ``timeout``); once idle for
+        :data:`IDLE_RELEASE_SECONDS`, give MLX's buffer cache and the C heap's free pages
+        back (caller holds the lock)."""
         now = time.monotonic()
         if self._idle_since is None:
             self._idle_since = now
         if not self._idle_cleared and now - self._idle_since >= IDLE_RELEASE_SECONDS:
             self._idle_cleared = True
             release_memory()
-        self._wake.wait(timeout=IDLE_RELEASE_SECONDS / 2)
+        self._wake.wait(timeout=timeout)
+
+    def _pause(self, epoch: int, sync: StepSync, loop: BatchLoop) -> bool:
+        """Idle with other ranks in step: pause them all, then wait (no longer than the
+        pause) for work. False: the pause failed and the engine stops."""
+        try:
+            seconds = sync.pause()
+        except Exception as exc:
+            self._busy_since = None
+            return self._recover(epoch, exc)
+        self._busy_since = None
+        with self._wake:
+            if self._idle(loop):
+                self._wait_idle(loop, seconds)
+        return True
 
     def _drained(self, loop: BatchLoop) -> bool:
         """While stopping: True when no request runs, or the drain deadline passed (the
@@ -459,7 +499,7 @@ class Engine:
             if epoch != self._epoch:
                 return False
             self.faults["exception"] += 1
-            reason = f"engine fault ({type(exc).__name__}); restarting"
+            reason = f"engine fault ({type(exc).__name__}){self._restart_note()}"
             self._loop.fail_all(reason, UNAVAILABLE)
             self._end_waiting(UNAVAILABLE, reason)
             if not self._may_restart(reason):
@@ -467,10 +507,22 @@ class Engine:
         release_memory()
         return self._install_fresh_loop(epoch)
 
+    def _restart_note(self) -> str:
+        """How a fault's reason ends: the engine restarts, or (distributed) it cannot."""
+        if self.step_sync is None:
+            return "; restarting"
+        return "; a rank of the distributed group was lost or diverged (see the server logs)"
+
     def _may_restart(self, reason: str) -> bool:
         """Count a restart, or mark the engine failed for good (caller holds the lock)."""
         now = time.monotonic()
         self._restarts = [t for t in self._restarts if now - t < RESTART_WINDOW]
+        if self.step_sync is not None:
+            # the other ranks cannot rebuild in step with this one
+            self.state = "failed"
+            self.reason = reason
+            log.critical("engine failed for good: %s", self.reason)
+            return False
         if len(self._restarts) >= self.config.engine_max_restarts:
             self.state = "failed"
             self.reason = f"{reason.removesuffix('; restarting')}; no restarts left"
@@ -484,7 +536,7 @@ class Engine:
     def _install_fresh_loop(self, epoch: int) -> bool:
         """Build fresh strategies for ``epoch`` (on the engine thread)."""
         try:
-            loop = self._new_loop()
+            loop = self.new_loop()
         except Exception as exc:
             log.exception("could not rebuild the engine's strategies")
             with self._wake:
@@ -509,8 +561,15 @@ class Engine:
 
     # -- watchdog thread ---------------------------------------------------
 
-    def _watch(self) -> None:
+    def _watch_period(self) -> float:
+        """``--engine-watchdog``, or the distributed deadline when shorter (0: off)."""
         period = self.config.engine_watchdog
+        if self.step_sync is not None:
+            period = min(period or self.step_sync.deadline, self.step_sync.deadline)
+        return period
+
+    def _watch(self) -> None:
+        period = self._watch_period()
         while True:
             time.sleep(min(0.25, period / 10))
             with self._wake:
@@ -524,7 +583,7 @@ class Engine:
                     continue
                 log.critical("engine step made no progress for %.1f s", stuck)
                 self.faults["hang"] += 1
-                reason = f"engine step made no progress for {stuck:.0f} s; restarting"
+                reason = f"engine step made no progress for {stuck:.0f} s{self._restart_note()}"
                 self._abandon_loop(reason)
                 self._end_waiting(UNAVAILABLE, reason)
                 if not self._may_restart(reason):

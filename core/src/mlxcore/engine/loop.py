@@ -24,7 +24,7 @@ import copy
 import logging
 import secrets
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import mlx.core as mx
@@ -68,6 +68,32 @@ class EngineParts:
     prefill: Callable[[], PrefillStrategy]
     decoder: Callable[[], Decoder]
     processors_for: Callable[[GenerationRequest], list[LogitsProcessor]] = lambda _r: []
+
+
+class StepSync(Protocol):
+    """What keeps an engine's steps in step with other processes (a distributed
+    engine's rank 0: :class:`mlxcore.distributed.lockstep.Lockstep`)."""
+
+    def lead(self, loop: BatchLoop, admitted: list[RequestHandle]) -> list[RequestHandle]:
+        """Before a step: announce it; returns the handles the loop admits."""
+        ...
+
+    def pause(self) -> float:
+        """The engine is idle: pause the others; returns how long to wait (seconds)."""
+        ...
+
+    def close(self) -> None:
+        """The engine stops: tell the others."""
+        ...
+
+    def stats(self) -> dict[str, float]:
+        """Gauges for ``/metrics``."""
+        ...
+
+    @property
+    def deadline(self) -> float:
+        """Seconds after which a step that has not ended is a fault (the watchdog)."""
+        ...
 
 
 @attrs.define(eq=False)

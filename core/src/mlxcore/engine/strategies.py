@@ -31,6 +31,7 @@ import attrs
 
 from mlxcore.engine.cache_explain import CacheExplanation
 from mlxcore.engine.request import GenerationRequest
+from mlxcore.errors import MlxcoreError
 
 LayerCache = list[Any]
 """One mlx-lm cache object per model layer."""
@@ -118,6 +119,21 @@ class CacheStrategy(abc.ABC):
     def stats(self) -> CacheStats:
         """Current counters."""
         return CacheStats()
+
+    def follow_evictions(self) -> None:
+        """Stop evicting by this strategy's own bounds; evict only through
+        :meth:`trim_entries`. A distributed rank other than 0 calls it: its entries must
+        stay those of rank 0, whose decisions it follows. Default: refused."""
+        raise MlxcoreError(
+            f"cache strategy {self.name!r} cannot follow another rank's evictions "
+            "(distributed serving needs the built-in lru strategy)"
+        )
+
+    def trim_entries(self, count: int) -> None:
+        """Keep the ``count`` entries that would be evicted last (fewer, if fewer are
+        stored), evicting the others. The default keeps nothing when ``count`` is 0."""
+        if count == 0:
+            self.clear()
 
     def close(self) -> None:
         """Release threads and files (the engine stops, or replaces the strategy after a

@@ -25,7 +25,8 @@ Around that core, the policies that keep speculation from costing more than it g
   Rows of the same batch with no accepted draft yet leave with it.
 * Cool-down: after several sequences in a row were switched off as slow at some batch
   size, new sequences that would decode in a batch at least that large start in the
-  plain decoder (speculation that is too slow with four rows may still pay alone);
+  plain decoder (speculation that is too slow with four rows may still pay alone; a
+  sequence that never had a draft accepted counts at every size);
   every ``REPROBE_EVERY``-th of them speculates again, and one that finishes speculating
   with accepted drafts ends the cool-down for its batch size and smaller ones.
 """
@@ -290,7 +291,9 @@ class SpeculativeDecoder(Decoder):
                 ]
             size = len(self.rows)
             for row in slow:
-                self._to_plain(row, "slow", size)
+                # no draft accepted at all is a matter of the drafts, not of the batch:
+                # it counts as slow at every size; a cost verdict holds from this size up
+                self._to_plain(row, "slow", size if row.accepted else 1)
         timed = not self.rows and len(self.plain) > 0
         started = time.perf_counter()
         out.update(self.plain.step())

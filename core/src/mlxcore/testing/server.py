@@ -101,7 +101,7 @@ class Server:
             with contextlib.suppress(httpx.HTTPError):
                 ok = httpx.get(f"{self.base_url}/health", timeout=2.0).status_code == 200
                 # Another test run may have taken the port: only our own listener counts.
-                if ok and listens_on(self.proc.pid, self.port) is not False:
+                if ok and self.listening():
                     return
             time.sleep(0.2)
         self.stop()
@@ -109,6 +109,10 @@ class Server:
             f"mlxcore serve did not answer /health within {timeout:.0f}s:\n{self.log()}",
             pytrace=False,
         )
+
+    def listening(self) -> bool:
+        """True unless ``/proc`` shows that this server's process does not hold the port."""
+        return listens_on(self.proc.pid, self.port) is not False
 
     def stop(self) -> None:
         """SIGINT, then SIGKILL if it does not exit within 15 s."""

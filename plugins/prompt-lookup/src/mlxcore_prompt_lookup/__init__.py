@@ -4,7 +4,7 @@ Enabled with ``--plugin prompt-lookup``; offers the
 :class:`~mlxcore_prompt_lookup.decoder.PromptLookupDecoder` for every model whose cache can
 roll back per row (attention-only models, Qwen3.5 hybrids). Shared flags:
 ``--num-speculative-tokens`` (default 4 here), ``--speculative-disable-by-batch-size``
-(default 8 here); its own: ``--lookup-ngram`` and ``--lookup-min-ngram``. A request with
+(default 2 here); its own: ``--lookup-ngram`` and ``--lookup-min-ngram``. A request with
 ``"speculative": false`` decodes plainly. See docs/plugins/prompt-lookup.md.
 """
 
@@ -29,8 +29,10 @@ MLXCORE_AUTOLOAD = False
 DEFAULT_TOKENS = 4
 """Drafts per round unless ``--num-speculative-tokens`` says otherwise."""
 
-DEFAULT_BATCH_LIMIT = 8
-"""``--speculative-disable-by-batch-size`` unless set."""
+DEFAULT_BATCH_LIMIT = 2
+"""``--speculative-disable-by-batch-size`` unless set: measured on a 2-core CPU, a round
+that verifies extra positions for three or more sequences costs more than the copied
+tokens save (docs/plugins/prompt-lookup.md); a faster machine may raise it."""
 
 
 @attrs.frozen
@@ -42,7 +44,7 @@ class PromptLookupSettings:
         help="longest ending of the text so far searched for in it (default %(default)s)",
     )  # fmt: skip
     lookup_min_ngram: int = setting(
-        1, flag="--lookup-min-ngram", type=positive_int, metavar="N",
+        2, flag="--lookup-min-ngram", type=positive_int, metavar="N",
         help="shortest ending that may propose drafts (default %(default)s)",
     )  # fmt: skip
     lookup_auto_off: bool = setting(

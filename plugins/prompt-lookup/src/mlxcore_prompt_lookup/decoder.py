@@ -44,8 +44,8 @@ class PromptLookupDecoder(TargetVerifiedDecoder):
         model: Any,
         num_speculative_tokens: int = 4,
         max_ngram: int = 3,
-        min_ngram: int = 1,
-        disable_by_batch_size: int = 8,
+        min_ngram: int = 2,
+        disable_by_batch_size: int = 2,
         auto_off: bool = True,
     ) -> None:
         super().__init__(model, num_speculative_tokens, disable_by_batch_size, auto_off)
