@@ -9,25 +9,29 @@ a model that cannot be split is refused before loading, in one line."""
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
 
 from mlxcore.testing.models import build_test_model
-from mlxcore.testing.ranks import LaunchedGroup, launch_group
-from mlxcore.testing.server import Server, ServerFactory
+from mlxcore.testing.ranks import LaunchedGroup, launch_group, write_hostfile
+from mlxcore.testing.server import Server, ServerFactory, free_port
 
 pytestmark = pytest.mark.xdist_group("ranks")
 
-SCRIPTED = ("--plugin", "mlxcore.testing.scripted")
+SCRIPTED = ("--plugin", "mlxcore.testing.scripted", "--plugin", "anthropic")
 TOOL_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 WEATHER_TOOL = {
     "type": "function",
@@ -36,6 +40,7 @@ WEATHER_TOOL = {
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
     },
 }
+NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
 LONG_PROMPT = " ".join(f"item{i % 97}" for i in range(2100))  # > 4,096 tokens
 
 
@@ -80,10 +85,10 @@ def user(text: str) -> list[dict[str, Any]]:
 
 
 CASES = [
-    ("qwen3", "--tensor-parallel"),
     ("llama", "--tensor-parallel"),
     ("qwen3_5", "--tensor-parallel"),
     ("qwen3_5", "--pipeline-parallel"),
+    ("qwen3", "--tensor-parallel"),  # last: the tests below use its group
 ]
 
 
@@ -105,50 +110,157 @@ def single(mlxcore_server: ServerFactory) -> Iterator[Any]:
     yield get
 
 
+@pytest.fixture(scope="module")
+def groups(logs: Path) -> Iterator[Any]:
+    """A two-rank group of (architecture, mode); one group runs at a time (asking for
+    another stops the previous one)."""
+    started: dict[tuple[str, str], LaunchedGroup] = {}
+
+    def get(arch: str, mode: str) -> LaunchedGroup:
+        if (arch, mode) not in started:
+            for group in started.values():
+                group.stop()
+            started.clear()
+            started[arch, mode] = launch_group(build_test_model(arch), logs, mode, *SCRIPTED)
+        return started[arch, mode]
+
+    yield get
+    for group in started.values():
+        group.stop()
+
+
 @pytest.mark.parametrize(("arch", "mode"), CASES)
 def test_two_ranks_answer_what_one_process_does(
-    arch: str, mode: str, single: Any, logs: Path
+    arch: str, mode: str, single: Any, groups: Any
 ) -> None:
     reference = single(arch)
-    group = launch_group(build_test_model(arch), logs, mode, *SCRIPTED)
-    try:
-        prompts = [user(f"Tell me about the number {i}, please.") for i in range(8)]
-        for stream in (False, True):
-            for messages in prompts[:2]:
-                assert chat(group, messages, stream)[:3] == chat(reference, messages, False)[:3]
-        expected = [chat(reference, m, False)[:3] for m in prompts]
-        with concurrent.futures.ThreadPoolExecutor(8) as pool:
-            together = list(pool.map(lambda i: chat(group, prompts[i], i % 2 == 0)[:3], range(8)))
-        assert together == expected
+    group = groups(arch, mode)
+    prompts = [user(f"Tell me about the number {i}, please.") for i in range(8)]
+    for stream in (False, True):
+        for messages in prompts[:2]:
+            assert chat(group, messages, stream)[:3] == chat(reference, messages, False)[:3]
+    expected = [chat(reference, m, False)[:3] for m in prompts]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(lambda i: chat(group, prompts[i], i % 2 == 0)[:3], range(8)))
+    assert together == expected
 
-        long_out = chat(group, user(LONG_PROMPT), True, max_tokens=8)
-        assert long_out[3].prompt_tokens >= 4096
-        assert long_out[:3] == chat(reference, user(LONG_PROMPT), False, max_tokens=8)[:3]
+    long_out = chat(group, user(LONG_PROMPT), True, max_tokens=8)
+    assert long_out[3].prompt_tokens >= 4096
+    assert long_out[:3] == chat(reference, user(LONG_PROMPT), False, max_tokens=8)[:3]
 
-        tools = {"tools": [WEATHER_TOOL], "extra_body": {"test_script": TOOL_CALL}}
-        for stream in (False, True):
-            called = chat(group, user("Weather in Paris?"), stream, max_tokens=40, **tools)
-            assert called[1] == "tool_calls"
-            assert called[2] == [("get_weather", '{"city": "Paris"}')]
+    tools = {"tools": [WEATHER_TOOL], "extra_body": {"test_script": TOOL_CALL}}
+    for stream in (False, True):
+        called = chat(group, user("Weather in Paris?"), stream, max_tokens=40, **tools)
+        assert called[1] == "tool_calls"
+        assert called[2] == [("get_weather", '{"city": "Paris"}')]
 
-        first = chat(group, prompts[3], False)
-        answer = first[0].split("|", 1)[1]
-        turn = [*prompts[3], {"role": "assistant", "content": answer}, *user("And then?")]
-        second = chat(group, turn, False)
-        assert second[3].prompt_tokens_details.cached_tokens > 0
-        assert second[:3] == chat(reference, turn, False)[:3]
+    first = chat(group, prompts[3], False)
+    answer = first[0].split("|", 1)[1]
+    turn = [*prompts[3], {"role": "assistant", "content": answer}, *user("And then?")]
+    second = chat(group, turn, False)
+    assert second[3].prompt_tokens_details.cached_tokens > 0
+    assert second[:3] == chat(reference, turn, False)[:3]
 
-        metrics = httpx.get(f"{group.base_url}/metrics").text
-        assert "mlxcore_distributed_ranks 2.0" in metrics
-        assert "mlxcore_distributed_rank1_weights_bytes" in metrics
-        assert group.alive(), group.log()
-    finally:
-        group.stop()
+    metrics = httpx.get(f"{group.base_url}/metrics").text
+    assert "mlxcore_distributed_ranks 2.0" in metrics
+    assert "mlxcore_distributed_rank1_weights_bytes" in metrics
+    assert group.alive(), group.log()
+
+
+def test_cancellations_stops_sampling_and_anthropic_keep_the_ranks_in_step(
+    single: Any, groups: Any
+) -> None:
+    """What only rank 0 sees (a client leaving, a stop string, a sampled request without
+    a seed) reaches every rank through the step message: the ranks' checksums still
+    agree afterwards, and greedy answers (Anthropic's and structured output's too) are
+    still the single process's."""
+    reference, group = single("qwen3"), groups("qwen3", "--tensor-parallel")
+    api = client(group)
+    model = api.models.list().data[0].id
+    for i in range(3):  # clients that leave mid-stream
+        stream = api.chat.completions.create(
+            model=model, messages=user(f"long story {i}"), max_tokens=400, stream=True
+        )
+        for n, _ in enumerate(stream):
+            if n == 5 + i:
+                break
+        stream.close()
+    full = chat(reference, user("stop here"), False)[0].split("|", 1)[1]
+    stop = full.split()[2] if len(full.split()) > 2 else full[:3]
+    stopped = chat(group, user("stop here"), True, stop=[stop])
+    assert stopped[:2] == chat(reference, user("stop here"), False, stop=[stop])[:2]
+    for seed in (None, 7):
+        sampled = api.chat.completions.create(
+            model=model, messages=user("pick"), max_tokens=12, temperature=1.0, seed=seed
+        )
+        assert sampled.usage is not None and sampled.usage.completion_tokens > 0
+    messages = anthropic.Anthropic(base_url=group.base_url, api_key="none", max_retries=0)
+    answer = messages.messages.create(
+        model=model,
+        messages=[{"role": "user", "content": "Hello there"}],
+        max_tokens=12,
+        extra_body={"temperature": 0},
+    )
+    reference_answer = anthropic.Anthropic(
+        base_url=reference.base_url, api_key="none", max_retries=0
+    ).messages.create(
+        model=reference_name(reference),
+        messages=[{"role": "user", "content": "Hello there"}],
+        max_tokens=12,
+        extra_body={"temperature": 0},
+    )
+    assert answer.content == reference_answer.content
+    person = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 8},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        },
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": person}}
+    shape = {"max_tokens": 120, "response_format": fmt, "extra_body": NO_THINKING}
+    shaped = chat(group, user("Someone?"), False, **shape)
+    assert shaped[:2] == chat(reference, user("Someone?"), False, **shape)[:2]
+    value = json.loads(shaped[0].split("|", 1)[1])
+    assert set(value) == {"name", "age"}
+    again = user("Tell me about the number 1, please.")
+    assert chat(group, again, False)[:3] == chat(reference, again, False)[:3]
+    assert group.health()["status"] == "ok"
+    assert metric(group, "mlxcore_distributed_checks") > 0
+
+
+def test_stopping_the_launcher_stops_every_rank_cleanly(groups: Any) -> None:
+    group = groups("qwen3", "--tensor-parallel")
+    group.stop()
     assert group.proc.returncode == 0, group.log()
+    assert "rank 0 stopped; exiting" in group.log() or "exited with status 0" in group.log()
 
 
-def test_losing_a_rank_ends_every_open_request_and_the_group(logs: Path) -> None:
-    group = launch_group(build_test_model("qwen3"), logs)
+def reference_name(server: Server) -> str:
+    return client(server).models.list().data[0].id
+
+
+def metric(server: Server, name: str) -> float:
+    for line in httpx.get(f"{server.base_url}/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["dies", "hangs"])
+def test_losing_a_rank_ends_every_open_request_and_the_group(logs: Path, how: int) -> None:
+    """A rank that dies is noticed at the next collective; one that hangs (stopped) by
+    the step deadline (``--distributed-timeout``, 5 s here), and so is a dead rank when
+    mlx's collective waits forever instead of raising (it does either)."""
+    group = launch_group(
+        build_test_model("qwen3"),
+        logs,
+        "--distributed-timeout",
+        "5",
+        launcher=("--grace", "15"),  # longer than the deadline, as by default (30 > 20)
+    )
     try:
         api = client(group)
         model = api.models.list().data[0].id
@@ -173,7 +285,7 @@ def test_losing_a_rank_ends_every_open_request_and_the_group(logs: Path) -> None
         time.sleep(2.0)
         assert group.health()["running"] == 3
         killed_at = time.monotonic()
-        os.kill(group.ranks()[1], signal.SIGKILL)
+        os.kill(group.ranks()[1], how)
         statuses = set()
         while time.monotonic() - killed_at < 30 and group.alive():
             try:
@@ -218,3 +330,37 @@ def test_a_model_that_cannot_be_split_is_refused_before_loading(
     refusals = [line for line in log.splitlines() if "mlxcore: error:" in line]
     assert len(refusals) == 2 and all(reason in line for line in refusals), log
     assert "loaded" not in log
+
+
+def test_ranks_started_with_different_flags_are_refused_before_loading(tmp_path: Path) -> None:
+    model = str(build_test_model("qwen3"))
+    hostfile = write_hostfile(tmp_path / "hosts.json", 2)
+    procs = []
+    for rank, extra in enumerate([[], ["--max-num-seqs", "4"]]):
+        cmd = [sys.executable, "-m", "mlxcore", "serve", model, "--distributed", *extra]
+        cmd += ["--port", str(free_port())]
+        env = {**os.environ, "MLX_RANK": str(rank), "MLX_HOSTFILE": str(hostfile)}
+        procs.append(
+            subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        )
+    try:
+        outputs = [p.communicate(timeout=120)[0].decode() for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for proc, out in zip(procs, outputs, strict=True):
+        assert proc.returncode == 2, out
+        assert "rank(s) 1 disagree with rank 0 on the model files, the engine flags" in out
+        assert "mlxcore.models.loader: loaded" not in out
+
+
+def test_a_strategy_that_cannot_run_in_lockstep_is_refused_with_its_name(logs: Path) -> None:
+    group = launch_group(build_test_model("qwen3"), logs, "--plugin", "prompt-lookup", wait=False)
+    try:
+        code = group.proc.wait(timeout=120)
+    finally:
+        group.stop()
+    assert code == 2, group.log()
+    refusals = [line for line in group.log().splitlines() if "mlxcore: error:" in line]
+    assert len(refusals) == 2
+    assert all("decoder 'prompt-lookup' does not run distributed yet" in r for r in refusals)

@@ -118,6 +118,29 @@ async def _processed_tokens(http: httpx.AsyncClient, target: client.HttpTarget) 
     return float(m.group(1)) if m else None
 
 
+GAUGES = re.compile(r"^mlxcore_(distributed_\w+|memory_weights_bytes) (\S+)$", re.MULTILINE)
+"""The gauges a report keeps of each side: weights, and a distributed group's ranks,
+per-rank weights and time in the per-step collectives."""
+
+
+RANK_WEIGHTS = re.compile(r"distributed_rank\d+_weights_bytes$")
+
+
+def server_gauges(base_url: str) -> dict[str, float]:
+    """Weights and distributed gauges from an mlxcore server's ``/metrics`` (empty for
+    other servers), with the collective time per step in ms when it ran distributed."""
+    try:
+        text = httpx.get(f"{base_url}/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return {}
+    gauges = {name: float(value) for name, value in GAUGES.findall(text)}
+    steps = gauges.get("distributed_steps", 0.0)
+    if steps:
+        seconds = gauges.get("distributed_collective_seconds", 0.0)
+        gauges["distributed_collective_ms_per_step"] = round(1000 * seconds / steps, 4)
+    return gauges
+
+
 class _Run:
     """One alternating run: the targets, the prompts' random source, the pairs so far."""
 
@@ -239,6 +262,7 @@ def run_peer(settings: BenchSettings, peer: PeerSettings) -> dict[str, Any]:
         except (httpx.HTTPError, MlxcoreError, ValueError, KeyError, TimeoutError) as exc:
             raise server.failure("the peer comparison", exc) from exc
         openblas = server.openblas
+        gauges = {side: server_gauges(target.base_url) for side, target in targets.items()}
     return {
         "machine": report.machine_facts(openblas, load_start),
         "model": {"source": source, "path": str(resolved.path)},
@@ -258,6 +282,7 @@ def run_peer(settings: BenchSettings, peer: PeerSettings) -> dict[str, Any]:
             "seed": seed,
         },
         "workloads": {name: summarize(pairs) for name, pairs in run.pairs.items()},
+        "server_gauges": gauges,
         "elapsed_s": round(time.perf_counter() - started, 2),
     }
 
@@ -284,6 +309,15 @@ def format_peer(result: dict[str, Any]) -> str:
         "",
         f"{'workload':<16} {'metric':<26} {'mlxcore':>10} {'peer':>10} {'ratio':>7}",
     ]
+    for side, gauges in result.get("server_gauges", {}).items():
+        if "distributed_ranks" in gauges:
+            shares = [v for k, v in sorted(gauges.items()) if RANK_WEIGHTS.match(k)]
+            lines.insert(
+                -2,
+                f"{side}: {gauges['distributed_ranks']:.0f} ranks, collective "
+                f"{gauges.get('distributed_collective_ms_per_step', 0):.3f} ms per step, weights "
+                f"per rank {', '.join(f'{b / 2**20:.1f} MiB' for b in shares)}",
+            )
     for name, summary in result["workloads"].items():
         kind = name.split("-")[0] if name.startswith("uniform") else name
         for key in _SHOWN.get(kind, ()):

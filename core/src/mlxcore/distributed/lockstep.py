@@ -91,7 +91,10 @@ class StepMessage:
         """The message rank 0 sent (an empty one for ``None``)."""
         if not data:
             return cls()
-        message = pickle.loads(data)
+        try:
+            message = pickle.loads(data)  # rank 0 of the same deployment, same code
+        except Exception as exc:
+            raise MlxcoreError(f"unreadable step message ({exc}): rank 0 was lost") from exc
         if not isinstance(message, cls):
             raise MlxcoreError(f"rank 0 sent a {type(message).__name__}, not a step message")
         return message

@@ -224,7 +224,8 @@ class Engine:
                 self.state = "stopped"
                 _close_cache(self._loop)
                 return
-            done = self._thread_done
+            # a failed engine's thread has ended, or is stuck for good (a hung step)
+            done = None if self.state == "failed" else self._thread_done
         if done is not None and not done.wait(timeout=grace + 10):
             log.error("the engine thread did not stop within %.0f s; abandoning it", grace + 10)
             with self._wake:

@@ -174,13 +174,19 @@ class LaunchedGroup(Server):
 
 
 def launch_group(
-    model: Path | str, logs: Path, *flags: str, ranks: int = 2, wait: bool = True
+    model: Path | str,
+    logs: Path,
+    *flags: str,
+    ranks: int = 2,
+    wait: bool = True,
+    launcher: tuple[str, ...] = (),
 ) -> LaunchedGroup:
-    """Start ``ranks`` local ranks serving ``model`` through ``mlxcore launch``."""
+    """Start ``ranks`` local ranks serving ``model`` through ``mlxcore launch``
+    (``launcher``: the launcher's own flags, e.g. ``("--grace", "5")``)."""
     port = free_port()
     log_path = logs / f"group-{port}.log"
     hosts = ",".join(["127.0.0.1"] * ranks)
-    cmd = [sys.executable, "-m", "mlxcore", "launch", "--hosts", hosts, "--"]
+    cmd = [sys.executable, "-m", "mlxcore", "launch", "--hosts", hosts, *launcher, "--"]
     cmd += ["serve", str(model), "--port", str(port), "--log-level", "warning", *flags]
     with log_path.open("wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ))
