@@ -5,7 +5,6 @@ structured output, and the start-up refusals."""
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,19 +18,20 @@ from mlxcore.config import ServerConfig
 from mlxcore.engine.request import GenerationRequest, SamplingParams
 from mlxcore.errors import UsageError
 from mlxcore.runtime import Runtime
-from mlxcore.structured import OPTION, from_response_format
 from mlxcore.testing.distribution import (
-    BINS,
-    CHI2_999,
     REQUESTS,
     TOKENS,
-    binned,
-    chi2,
+    assert_same_distribution,
     exact_p,
-    generate,
-    homogeneity,
+    sample_both_arms,
 )
-from mlxcore.testing.runtime import Result, make_runtime, reference_tokens, submit_together
+from mlxcore.testing.runtime import (
+    Result,
+    assert_structured_same_on_off,
+    make_runtime,
+    reference_tokens,
+    submit_together,
+)
 from mlxcore_draft import mlxcore_configure, tokenizer_difference
 from mlxcore_qwen35_mtp.testing import TINY_SIZE, build_mtp_model
 
@@ -155,45 +155,14 @@ def test_temperature_one_keeps_the_targets_distribution(
     build_mtp_model(draft, size=TINY_SIZE, merges=0, scale=3.0, agree=0.8, seed=5)
     rt = runtimes(target, draft, speculative_disable_by_batch_size=128)
     prompt = list(rt.tokenizer.encode("The quick brown fox"))
-    p = exact_p(rt)
-    before = rt.engine.decoder.stats()
-    spec = generate(rt, prompt, {})
-    after = rt.engine.decoder.stats()
-    plain = generate(rt, prompt, {"speculative": False})
-    drafted = after["speculative_drafted"] - before["speculative_drafted"]
-    accepted = after["speculative_accepted"] - before["speculative_accepted"]
+    spec, plain, drafted, accepted = sample_both_arms(rt, prompt)
     assert drafted >= REQUESTS * TOKENS * 0.5
     assert accepted >= 10 and accepted < 0.95 * drafted  # both paths of the rule ran
-    dof = len(BINS) - 1
-    obs_spec, exp_spec = binned(p, prompt, spec)
-    obs_plain, exp_plain = binned(p, prompt, plain)
-    assert min(exp_spec) >= 5 and min(exp_plain) >= 5
-    assert chi2(obs_spec, exp_spec) < CHI2_999[dof], (obs_spec, exp_spec)
-    assert chi2(obs_plain, exp_plain) < CHI2_999[dof], (obs_plain, exp_plain)
-    assert homogeneity(obs_spec, obs_plain) < CHI2_999[dof], (obs_spec, obs_plain)
+    assert_same_distribution(exact_p(rt), prompt, spec, plain)
 
 
 def test_structured_output_sees_every_verified_token(tiny_qwen3: Path, runtimes: Any) -> None:
-    rt = runtimes(tiny_qwen3, tiny_qwen3)
-    schema = {
-        "type": "object",
-        "properties": {"tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 6}},
-        "required": ["tags"],
-        "additionalProperties": False,
-    }
-    constraint = from_response_format(
-        {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}
-    )
-    prompt = tuple(rt.tokenizer.encode('{"tags": ["a", "b"]} again: '))
-    texts = []
-    for speculative in (True, False):
-        options = {OPTION: constraint, "speculative": speculative}
-        (res,) = submit_together(rt, [GenerationRequest(prompt, 64, options=options)])
-        assert res.finish is not None and res.finish.reason == "stop", res.finish
-        kept = [t for t in res.tokens if t not in rt.info.eos_token_ids]
-        texts.append(rt.tokenizer.decode(kept))
-    assert texts[0] == texts[1]
-    assert set(json.loads(texts[0])) == {"tags"}
+    assert_structured_same_on_off(runtimes(tiny_qwen3, tiny_qwen3), '{"tags": ["a", "b"]} again: ')
 
 
 def test_a_draft_model_is_required() -> None:

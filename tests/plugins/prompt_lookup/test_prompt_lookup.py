@@ -4,7 +4,6 @@ the model's own distribution at temperature 1, structured output, the n-gram ind
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,19 +14,20 @@ import pytest
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.errors import UsageError
 from mlxcore.runtime import Runtime
-from mlxcore.structured import OPTION, from_response_format
 from mlxcore.testing.distribution import (
-    BINS,
-    CHI2_999,
     REQUESTS,
     TOKENS,
-    binned,
-    chi2,
+    assert_same_distribution,
     exact_p,
-    generate,
-    homogeneity,
+    sample_both_arms,
 )
-from mlxcore.testing.runtime import Result, make_runtime, reference_tokens, submit_together
+from mlxcore.testing.runtime import (
+    Result,
+    assert_structured_same_on_off,
+    make_runtime,
+    reference_tokens,
+    submit_together,
+)
 from mlxcore_prompt_lookup import mlxcore_configure
 from mlxcore_prompt_lookup.ngram import NgramIndex
 from mlxcore_qwen35_mtp.testing import TINY_SIZE, build_mtp_model
@@ -109,47 +109,17 @@ def test_temperature_one_keeps_the_models_distribution(
     # one-token matches: many drafts (most of them wrong), so the rule runs often
     rt = runtimes(folder, **NO_AUTO_OFF, speculative_disable_by_batch_size=128, lookup_min_ngram=1)
     prompt = list(rt.tokenizer.encode("The quick brown fox"))
-    p = exact_p(rt)
-    before = rt.engine.decoder.stats()
-    spec = generate(rt, prompt, {})
-    after = rt.engine.decoder.stats()
-    plain = generate(rt, prompt, {"speculative": False})
-    drafted = after["speculative_drafted"] - before["speculative_drafted"]
-    accepted = after["speculative_accepted"] - before["speculative_accepted"]
+    spec, plain, drafted, accepted = sample_both_arms(rt, prompt)
     # a small vocabulary: the lookup proposes often; at temperature 1 most copies are
     # rejected (measured: ~640 drafts, ~25 accepted), so both paths of the rule run
     assert drafted >= REQUESTS * TOKENS * 0.2
     assert accepted >= 10 and accepted < 0.95 * drafted
-    dof = len(BINS) - 1
-    obs_spec, exp_spec = binned(p, prompt, spec)
-    obs_plain, exp_plain = binned(p, prompt, plain)
-    assert min(exp_spec) >= 5 and min(exp_plain) >= 5
-    assert chi2(obs_spec, exp_spec) < CHI2_999[dof], (obs_spec, exp_spec)
-    assert chi2(obs_plain, exp_plain) < CHI2_999[dof], (obs_plain, exp_plain)
-    assert homogeneity(obs_spec, obs_plain) < CHI2_999[dof], (obs_spec, obs_plain)
+    assert_same_distribution(exact_p(rt), prompt, spec, plain)
 
 
 def test_structured_output_sees_every_verified_token(tiny_qwen3: Path, runtimes: Any) -> None:
     rt = runtimes(tiny_qwen3, **NO_AUTO_OFF)
-    schema = {
-        "type": "object",
-        "properties": {"tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 6}},
-        "required": ["tags"],
-        "additionalProperties": False,
-    }
-    constraint = from_response_format(
-        {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}
-    )
-    prompt = tuple(rt.tokenizer.encode('{"tags": ["a", "b", "a", "b"]} again: '))
-    texts = []
-    for speculative in (True, False):
-        options = {OPTION: constraint, "speculative": speculative}
-        (res,) = submit_together(rt, [GenerationRequest(prompt, 64, options=options)])
-        assert res.finish is not None and res.finish.reason == "stop", res.finish
-        kept = [t for t in res.tokens if t not in rt.info.eos_token_ids]
-        texts.append(rt.tokenizer.decode(kept))
-    assert texts[0] == texts[1]
-    assert set(json.loads(texts[0])) == {"tags"}
+    assert_structured_same_on_off(rt, '{"tags": ["a", "b", "a", "b"]} again: ')
 
 
 def test_the_index_proposes_what_followed_the_latest_earlier_ending() -> None:

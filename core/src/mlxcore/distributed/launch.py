@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -48,7 +49,11 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
-def ring_hostfile(hosts: Sequence[str], base_port: int = 52000) -> list[list[str]]:
+Hostfile = list[list[str]]
+"""The ring backend's hostfile: a list of ``["ip:port", ...]`` per rank."""
+
+
+def ring_hostfile(hosts: Sequence[str], base_port: int = 52000) -> Hostfile:
     """The ring backend's hostfile: one ``ip:port`` per rank. Local ranks get ports free
     here; remote ones ``base_port + rank``."""
     local = iter(free_ports(len(hosts)))
@@ -113,7 +118,7 @@ class Launcher:
         hosts: Sequence[str],
         argv: Sequence[str],
         grace: float = 30.0,
-        hostfile: list[list[str]] | None = None,
+        hostfile: Hostfile | None = None,
         out: IO[str] | None = None,
     ) -> None:
         self.hosts = list(hosts)
@@ -122,12 +127,14 @@ class Launcher:
         self.entries = hostfile or ring_hostfile(self.hosts)
         self.out = out or sys.stdout
         self.ranks: list[Rank] = []
+        self.folder = Path(tempfile.mkdtemp(prefix="mlxcore-launch-"))
+        """Where the hostfile is written (removed by :func:`launch` at the end)."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
 
     def start(self) -> None:
         """Write the hostfile and start every rank."""
-        folder = Path(tempfile.mkdtemp(prefix="mlxcore-launch-"))
+        folder = self.folder
         path = folder / "hostfile.json"
         text = json.dumps(self.entries)
         path.write_text(text)
@@ -229,3 +236,4 @@ def launch(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        shutil.rmtree(launcher.folder, ignore_errors=True)

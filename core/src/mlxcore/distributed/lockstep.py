@@ -178,9 +178,9 @@ class Lockstep:
 
         return sink
 
-    def _apply(self, loop: BatchLoop, message: StepMessage) -> list[RequestHandle]:
-        """Apply ``message`` to ``loop``: trim the cache, end the cancelled requests;
-        return the handles to admit (rank 0 builds its own before sending)."""
+    def _apply(self, loop: BatchLoop, message: StepMessage) -> None:
+        """Apply ``message`` to ``loop`` before its step: trim the cache, end the
+        cancelled requests (admissions are passed to the step itself)."""
         if message.keep_entries is not None:
             loop.cache.trim_entries(message.keep_entries)
         for uid, reason in message.cancel:
@@ -188,7 +188,6 @@ class Lockstep:
             if handle is not None:
                 handle.apply_end(reason)
         self.steps += 1
-        return []
 
     def _exchange(self, data: bytes | None) -> StepMessage:
         """One exchange with the other ranks; checks that they sampled the same tokens."""

@@ -292,33 +292,14 @@ class Engine:
             "requests_running": len(loop.live),
             "requests_waiting": len(self._waiting),
             "requests_expired_in_queue": self.expired,
-            "prefix_cache_hits": cache.hits,
-            "prefix_cache_misses": cache.misses,
-            "prefix_cache_reused_tokens": cache.reused_tokens,
             "prompt_tokens_processed": self.counters["prompt_tokens_processed"],
             "prefill_shared_prefix_waits": self.counters["prefill_shared_prefix_waits"],
-            "prefix_cache_entries": cache.entries,
-            "prefix_cache_bytes": cache.nbytes,
-            **{f"prefix_cache_lookups_{k}": v for k, v in cache.lookups.items()},
-            **{f"prefix_cache_{k}": v for k, v in cache.extra.items()},
-            "memory_prefix_cache_budget_bytes": cache.capacity_bytes,
             "engine_up": 1.0 if self.health()[0] else 0.0,
             "engine_restarts": len(self._restarts),
             "engine_faults": sum(self.faults.values()),
-            "memory_weights_bytes": self.memory.weights,
-            "memory_kv_reserved_bytes": self._reserved(loop),
-            "memory_kv_reserved_peak_bytes": self.peak_reserved,
-            "memory_kv_bytes_per_token": self.memory.per_token,
-            "memory_kv_quantized_bytes_per_token": (
-                self.memory.quantized[0] if self.memory.quantized else 0
-            ),
+            **cache.gauges(),
+            **self.memory.gauges(cache.nbytes, self._reserved(loop), self.peak_reserved),
         }
-        budget = self.memory.kv_budget(cache.nbytes)
-        if budget is not None:
-            out["memory_kv_budget_bytes"] = budget
-        if self.memory.limit is not None:
-            out["memory_limit_bytes"] = self.memory.limit
-        out["memory_mlx_cache_limit_bytes"] = self.memory.cache_limit
         if self.step_sync is not None:
             out.update({f"distributed_{k}": v for k, v in self.step_sync.stats().items()})
         try:
@@ -420,11 +401,11 @@ class Engine:
                             break
                         self._expire_waiting()
                         admitted = [] if self._stopping else self._take_waiting(loop)
-                self._busy_since = time.monotonic()
-                if idle and sync is not None and not self._pause(epoch, sync, loop):
-                    return
-                if idle:
+                if idle and sync is not None:
+                    if not self._pause(epoch, sync, loop):
+                        return
                     continue
+                self._busy_since = time.monotonic()
                 try:
                     if sync is not None:
                         admitted = sync.lead(loop, admitted)
@@ -471,6 +452,7 @@ class Engine:
     def _pause(self, epoch: int, sync: StepSync, loop: BatchLoop) -> bool:
         """Idle with other ranks in step: pause them all, then wait (no longer than the
         pause) for work. False: the pause failed and the engine stops."""
+        self._busy_since = time.monotonic()  # a lost rank can hang the pause too
         try:
             seconds = sync.pause()
         except Exception as exc:

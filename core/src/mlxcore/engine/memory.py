@@ -183,6 +183,24 @@ class MemoryBudget:
         others = self.elsewhere() if self.elsewhere else 0
         return max(0, self.limit - self.weights - others - self.cache_limit - prefix_cache_bytes)
 
+    def gauges(self, prefix_cache_bytes: int, reserved: int, peak: int) -> dict[str, float]:
+        """The budget's ``memory_*`` gauges for ``/metrics``, given the prefix cache's
+        bytes and the cache bytes admitted requests may hold now and at most so far."""
+        out: dict[str, float] = {
+            "memory_weights_bytes": self.weights,
+            "memory_kv_reserved_bytes": reserved,
+            "memory_kv_reserved_peak_bytes": peak,
+            "memory_kv_bytes_per_token": self.per_token,
+            "memory_kv_quantized_bytes_per_token": self.quantized[0] if self.quantized else 0,
+            "memory_mlx_cache_limit_bytes": self.cache_limit,
+        }
+        budget = self.kv_budget(prefix_cache_bytes)
+        if budget is not None:
+            out["memory_kv_budget_bytes"] = budget
+        if self.limit is not None:
+            out["memory_limit_bytes"] = self.limit
+        return out
+
     def max_context(self) -> int | None:
         """The longest context one sequence could ever hold, alone."""
         if self.limit is None or self.per_token <= 0:

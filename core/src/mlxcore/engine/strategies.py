@@ -78,6 +78,19 @@ class CacheStats:
     """Strategy-specific gauges (a disk tier's bytes, reads, writes ...), exposed in
     /metrics as ``mlxcore_prefix_cache_<name>``."""
 
+    def gauges(self) -> dict[str, float]:
+        """These counters as ``prefix_cache_*`` gauges for ``/metrics``."""
+        return {
+            "prefix_cache_hits": self.hits,
+            "prefix_cache_misses": self.misses,
+            "prefix_cache_reused_tokens": self.reused_tokens,
+            "prefix_cache_entries": self.entries,
+            "prefix_cache_bytes": self.nbytes,
+            **{f"prefix_cache_lookups_{k}": v for k, v in self.lookups.items()},
+            **{f"prefix_cache_{k}": v for k, v in self.extra.items()},
+            "memory_prefix_cache_budget_bytes": self.capacity_bytes,
+        }
+
 
 class CacheStrategy(abc.ABC):
     """Prefix reuse across requests.

@@ -34,6 +34,7 @@ Around that core, the policies that keep speculation from costing more than it g
 from __future__ import annotations
 
 import abc
+import functools
 import time
 from typing import Any
 
@@ -455,16 +456,12 @@ class TargetVerifiedDecoder(SpeculativeDecoder):
     decodes plainly. :attr:`vocab` is the width of the target's logits once a round ran.
     """
 
-    def __init__(
-        self,
-        model: Any,
-        num_speculative_tokens: int = 1,
-        disable_by_batch_size: int = 4,
-        auto_off: bool = True,
-    ) -> None:
-        super().__init__(model, num_speculative_tokens, disable_by_batch_size, auto_off)
-        self.verifier = TargetVerifier(model)
-        self.vocab = 0
+    vocab: int = 0
+
+    @functools.cached_property
+    def verifier(self) -> TargetVerifier:
+        """The target model's verification pass."""
+        return TargetVerifier(self.model)
 
     def add(self, seq: DecodeSequence) -> None:
         if not self.verifier.supports(seq.cache):

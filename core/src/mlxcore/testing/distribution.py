@@ -8,7 +8,8 @@ emitted transition ``prev -> next`` by the rank of ``next`` under ``p(. | prev)`
 gives the exact expectation of each bin; :func:`chi2` (goodness of fit) and
 :func:`homogeneity` (two samples, one distribution) are Pearson's statistics, compared
 with :data:`CHI2_999`. Used by the speculative decoders' tests (``qwen35-mtp``,
-``prompt-lookup``).
+``prompt-lookup``, ``draft``): :func:`sample_both_arms` and :func:`assert_same_distribution`
+run and judge the two arms.
 """
 
 from __future__ import annotations
@@ -107,3 +108,32 @@ def homogeneity(a: list[int], b: list[int]) -> float:
         for count, total in ((x, total_a), (y, total_b)):
             stat += (count - pooled * total) ** 2 / (pooled * total)
     return stat
+
+
+def sample_both_arms(
+    rt: Runtime, prompt: list[int]
+) -> tuple[list[list[int]], list[list[int]], int, int]:
+    """:func:`generate` with speculation on, then off (``"speculative": false``);
+    returns ``(speculative, plain, drafted, accepted)``, the last two counted by the
+    decoder during the speculative arm."""
+    before = rt.engine.decoder.stats()
+    spec = generate(rt, prompt, {})
+    after = rt.engine.decoder.stats()
+    plain = generate(rt, prompt, {"speculative": False})
+    drafted = int(after["speculative_drafted"] - before["speculative_drafted"])
+    accepted = int(after["speculative_accepted"] - before["speculative_accepted"])
+    return spec, plain, drafted, accepted
+
+
+def assert_same_distribution(
+    p: mx.array, prompt: list[int], spec: list[list[int]], plain: list[list[int]]
+) -> None:
+    """Both arms fit the exact distribution ``p`` and each other (chi-square at 0.999),
+    with expectations large enough for the approximation to hold."""
+    dof = len(BINS) - 1
+    obs_spec, exp_spec = binned(p, prompt, spec)
+    obs_plain, exp_plain = binned(p, prompt, plain)
+    assert min(exp_spec) >= 5 and min(exp_plain) >= 5
+    assert chi2(obs_spec, exp_spec) < CHI2_999[dof], (obs_spec, exp_spec)
+    assert chi2(obs_plain, exp_plain) < CHI2_999[dof], (obs_plain, exp_plain)
+    assert homogeneity(obs_spec, obs_plain) < CHI2_999[dof], (obs_spec, obs_plain)

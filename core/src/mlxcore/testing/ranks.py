@@ -7,6 +7,10 @@ it loads ``MODEL`` split by :func:`~mlxcore.distributed.load.load_split` (``MODE
 ``tensor`` or ``pipeline``), generates ``TOKENS`` greedy tokens after each prompt (token ids, comma
 separated) and, on rank 0, prints one JSON line: the token ids per prompt and the
 rank's timings. :func:`greedy_alone` is the same generation in one process.
+
+:func:`launch_group` starts a whole distributed server through ``mlxcore launch``: a
+:class:`LaunchedGroup` is a :class:`~mlxcore.testing.server.Server` whose rank 0
+answers HTTP.
 """
 
 from __future__ import annotations

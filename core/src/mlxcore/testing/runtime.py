@@ -101,3 +101,32 @@ def assert_matches_mlx_lm(
     )
     assert finish.usage.prompt_tokens == len(request.prompt_tokens)
     assert finish.usage.completion_tokens == len(result.tokens)
+
+
+def assert_structured_same_on_off(rt: Runtime, prompt_text: str) -> None:
+    """A JSON-schema constraint gives the same valid output with speculation on and off
+    (the constrained-decoding processor sees every verified token, in order)."""
+    import json
+
+    from mlxcore.engine.request import GenerationRequest
+    from mlxcore.structured import OPTION, from_response_format
+
+    schema = {
+        "type": "object",
+        "properties": {"tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 6}},
+        "required": ["tags"],
+        "additionalProperties": False,
+    }
+    constraint = from_response_format(
+        {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}
+    )
+    prompt = tuple(rt.tokenizer.encode(prompt_text))
+    texts = []
+    for speculative in (True, False):
+        options = {OPTION: constraint, "speculative": speculative}
+        (res,) = submit_together(rt, [GenerationRequest(prompt, 64, options=options)])
+        assert res.finish is not None and res.finish.reason == "stop", res.finish
+        kept = [t for t in res.tokens if t not in rt.info.eos_token_ids]
+        texts.append(rt.tokenizer.decode(kept))
+    assert texts[0] == texts[1]
+    assert set(json.loads(texts[0])) == {"tags"}
