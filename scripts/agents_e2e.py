@@ -88,7 +88,11 @@ def run(cmd: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedP
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
-def codex(bin_dir: Path, base: str, home: Path) -> dict[str, Any]:
+TURNS = ("Say hello", "Again")
+"""What the user types: the first starts a session, the others continue it."""
+
+
+def codex(bin_dir: Path, base: str, home: Path, turns: tuple[str, ...] = TURNS) -> dict[str, Any]:
     (home / ".codex").mkdir(parents=True)
     (home / ".codex" / "config.toml").write_text(
         'model = "tiny"\nmodel_provider = "mlxcore"\ncheck_for_update_on_startup = false\n\n'
@@ -98,19 +102,19 @@ def codex(bin_dir: Path, base: str, home: Path) -> dict[str, Any]:
     )
     env = {**os.environ, **QUIET, "HOME": str(home), "CODEX_HOME": str(home / ".codex")}
     exe = str(bin_dir / "codex")
-    first = run([exe, "exec", "--skip-git-repo-check", "--json", "Say hello"], home, env)
-    second = run(
-        [exe, "exec", "--skip-git-repo-check", "--json", "resume", "--last", "Again"], home, env
-    )
+    runs = [run([exe, "exec", "--skip-git-repo-check", "--json", turns[0]], home, env)]
+    for text in turns[1:]:
+        resume = [exe, "exec", "--skip-git-repo-check", "--json", "resume", "--last", text]
+        runs.append(run(resume, home, env))
     cached = 0
-    for line in second.stdout.splitlines():
+    for line in runs[-1].stdout.splitlines():
         with_usage = json.loads(line) if line.startswith("{") else {}
         if with_usage.get("type") == "turn.completed":
             cached = int(with_usage.get("usage", {}).get("cached_input_tokens", 0))
-    return {"runs": [first, second], "client_cached": cached, "route": "/v1/responses"}
+    return {"runs": runs, "client_cached": cached, "route": "/v1/responses"}
 
 
-def claude(bin_dir: Path, base: str, home: Path) -> dict[str, Any]:
+def claude(bin_dir: Path, base: str, home: Path, turns: tuple[str, ...] = TURNS) -> dict[str, Any]:
     env = {
         **os.environ,
         **QUIET,
@@ -121,16 +125,19 @@ def claude(bin_dir: Path, base: str, home: Path) -> dict[str, Any]:
         "ANTHROPIC_SMALL_FAST_MODEL": "tiny",
     }
     exe = str(bin_dir / "claude")
-    first = run([exe, "-p", "Say hello"], home, env)
-    second = run([exe, "--continue", "-p", "Again", "--output-format", "json"], home, env)
+    runs = [run([exe, "-p", turns[0]], home, env)]
+    for text in turns[1:]:
+        runs.append(run([exe, "--continue", "-p", text, "--output-format", "json"], home, env))
     try:
-        cached = int(json.loads(second.stdout)["usage"]["cache_read_input_tokens"])
+        cached = int(json.loads(runs[-1].stdout)["usage"]["cache_read_input_tokens"])
     except (ValueError, KeyError, TypeError):
         cached = 0
-    return {"runs": [first, second], "client_cached": cached, "route": "/v1/messages"}
+    return {"runs": runs, "client_cached": cached, "route": "/v1/messages"}
 
 
-def opencode(bin_dir: Path, base: str, home: Path) -> dict[str, Any]:
+def opencode(
+    bin_dir: Path, base: str, home: Path, turns: tuple[str, ...] = TURNS
+) -> dict[str, Any]:
     provider = {
         "npm": "@ai-sdk/openai-compatible",
         "name": "mlxcore",
@@ -145,9 +152,13 @@ def opencode(bin_dir: Path, base: str, home: Path) -> dict[str, Any]:
         (where / "opencode.json").write_text(json.dumps(config, indent=2))
     env = {**os.environ, **QUIET, "HOME": str(home)}
     exe = str(bin_dir / "opencode")
-    first = run([exe, "run", "Say hello"], work, env)
-    second = run([exe, "run", "--continue", "Again"], work, env)
-    return {"runs": [first, second], "client_cached": None, "route": "/v1/chat/completions"}
+    runs = [run([exe, "run", turns[0]], work, env)]
+    for text in turns[1:]:
+        runs.append(run([exe, "run", "--continue", text], work, env))
+    return {"runs": runs, "client_cached": None, "route": "/v1/chat/completions"}
+
+
+CLIENTS = {"codex": codex, "claude": claude, "opencode": opencode}
 
 
 def main() -> int:
@@ -173,7 +184,7 @@ def main() -> int:
                     break
             except httpx.HTTPError:
                 time.sleep(0.5)
-        for name, client in (("codex", codex), ("claude", claude), ("opencode", opencode)):
+        for name, client in CLIENTS.items():
             home = Path(tempfile.mkdtemp(prefix=f"mlxcore-{name}-"))
             before = metrics(base)
             outcome = client(bin_dir, base, home)

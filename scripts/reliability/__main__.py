@@ -85,8 +85,13 @@ def run_load(logs: Path, model: str | None, waves: list[int], storm: int) -> dic
             problems = result.pop("problems")
             if result["failed"]:
                 problems.append(f"{result['failed']} requests failed")
-            live_kv = metrics(server).get("mlxcore_memory_kv_reserved_peak_bytes", 0)
+            now = metrics(server)
+            live_kv = now.get("mlxcore_memory_kv_reserved_peak_bytes", 0)
             ceiling = budgets + live_kv + GIB
+            held = now.get("mlxcore_prefix_cache_bytes", 0)
+            allowed = now.get("mlxcore_memory_prefix_cache_budget_bytes", 0)
+            if held > allowed:
+                problems.append(f"prefix cache holds {mb(held)}, over its budget {mb(allowed)}")
             if sampler.peak > ceiling:
                 problems.append(f"peak RSS {mb(sampler.peak)} above {mb(ceiling)}")
             grown = _grown(after, baseline, _bounded_pools(metrics(server)) - pools)
@@ -98,6 +103,7 @@ def run_load(logs: Path, model: str | None, waves: list[int], storm: int) -> dic
                 "ceiling (weights + budgets + peak live KV + 1 GiB)": mb(ceiling),
                 "rss_after": mb(after),
                 "bounded_caches_growth": mb(_bounded_pools(metrics(server)) - pools),
+                "prefix_cache (held / budget)": f"{mb(held)} / {mb(allowed)}",
             }
             parts[f"wave_{n}"] = report(f"{n} concurrent connections", figures, problems)
         with MemorySampler(server) as sampler:

@@ -41,3 +41,21 @@ def test_a_restart_loses_the_cache_unless_a_plugin_keeps_it(
     assert kept["prefix_cache"]["prefix_cache_disk_reads"] >= 2
     (after,) = lost["first_turn_after_restart"]
     assert after["cached_tokens"] == 0
+
+
+def test_side_requests_are_computed_once_where_whole_entries_recompute_them(
+    tiny_qwen3_5: Path,
+) -> None:
+    """A side request per turn (the same system prompt and tools, its own first message):
+    the radix cache computes about the session's distinct tokens; the whole-entry baseline
+    recomputes every side request's shared prefix on this hybrid model."""
+    result = run_agent_session(
+        str(tiny_qwen3_5), turns=3, system_tokens=600, max_tokens=2, side_requests=True,
+        baseline=True,
+    )  # fmt: skip
+    kinds = [r["kind"] for r in result["requests"]]
+    assert kinds == ["main", "side"] * 3
+    assert result["computed_over_distinct"] <= 1.2
+    assert result["min_cached_of_shared"] >= 0.9
+    assert result["baseline_computed_tokens"] > 1.5 * result["computed_tokens"]
+    assert all("baseline_ttft_s" in r for r in result["requests"])

@@ -19,6 +19,8 @@ def test_a_step_message_round_trips_and_an_empty_one_is_not_sent() -> None:
     assert StepMessage.decode(message.encode()) == message
     assert StepMessage().empty and StepMessage.decode(None) == StepMessage()
     assert not StepMessage(keep_entries=0).empty and not StepMessage(pause=0.01).empty
+    settings = StepMessage(cache_settings={"cache": "radix", "gap": 420, "interval": 2048})
+    assert not settings.empty and StepMessage.decode(settings.encode()) == settings
     with pytest.raises(MlxcoreError, match="rank 0 was lost"):
         StepMessage.decode(b"\x00" * 16)
 

@@ -327,9 +327,11 @@ def test_hybrid_multi_turn_chat_reuses_the_history_snapshot(tiny_qwen3_5: Path) 
 def test_hybrid_agent_turns_keep_the_history_checkpoint_under_a_tight_budget(
     tiny_qwen3_5: Path,
 ) -> None:
-    """An agent's turn stores two entries: the history checkpoint (the next turn starts
-    there) and the finished sequence (a recurrent cache cannot be cut back, so for a
-    hybrid model it rarely helps). When the budget holds only one, the checkpoint stays."""
+    """An agent's turn stores two snapshots: at the history checkpoint (the next turn
+    starts there) and at the end of the finished sequence (a recurrent cache cannot be cut
+    back, so for a hybrid model it rarely helps). When the budget holds only one, the
+    checkpoint stays."""
+    from mlxcore.engine.memory import cache_cost
     from mlxcore.prompts import render_chat
 
     history = [{"role": "user", "content": " ".join(f"fact{i}" for i in range(150))}]
@@ -341,12 +343,14 @@ def test_hybrid_agent_turns_keep_the_history_checkpoint_under_a_tight_budget(
         )
         run(probe, request)
         pair = probe.engine.stats()["prefix_cache_bytes"]
+        budget = pair - cache_cost(probe.model)[1] // 2  # one snapshot does not fit
     finally:
         probe.engine.shutdown()
-    rt = make_runtime(tiny_qwen3_5, prefix_cache_size=f"{int(pair * 0.7)}b")
+    rt = make_runtime(tiny_qwen3_5, prefix_cache_size=f"{budget}b")
     try:
         tokens, _ = run(rt, request)
-        assert 0 < rt.engine.stats()["prefix_cache_bytes"] <= pair * 0.7
+        assert 0 < rt.engine.stats()["prefix_cache_bytes"] <= budget
+        assert rt.engine.stats()["prefix_cache_snapshots"] == 1
         reply = rt.tokenizer.decode(tokens)
         turn2 = render_chat(
             rt.tokenizer,

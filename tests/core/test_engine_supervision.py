@@ -18,8 +18,8 @@ import pytest
 from mlxcore.engine import threads
 from mlxcore.engine.engine import EngineUnavailable
 from mlxcore.engine.events import OVERLOADED, UNAVAILABLE, Event, FinishEvent, TokenEvent
-from mlxcore.engine.loop import repair_random_state
 from mlxcore.engine.request import GenerationRequest, SamplingParams
+from mlxcore.engine.sampling import repair_random_state
 from mlxcore.testing.runtime import make_runtime
 
 PROMPT = tuple(range(10, 30))

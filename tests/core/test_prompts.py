@@ -68,7 +68,7 @@ def test_a_tokenizer_without_offsets_falls_back_to_two_encodes(tiny_qwen3: Path)
     history = tokenizer.apply_chat_template(CONVERSATIONS[1], tokenize=False)
     fast = _encode_split(tokenizer, text, len(history))
     slow = _encode_split(EncodeOnly(tokenizer), text, len(history))
-    assert fast == slow and fast[1] is not None
+    assert fast[:2] == slow[:2] and fast[1] is not None
     # a cut inside a token has no boundary
     inside = text.index("spaces") + 2
     assert _encode_split(tokenizer, text, inside)[1] is None

@@ -121,7 +121,7 @@ class ServerConfig:
     )  # fmt: skip
     cache_strategy: str | None = setting(
         None, flag="--cache-strategy", group=ENGINE, metavar="NAME",
-        help="pick a cache strategy by name",
+        help="pick a cache strategy by name (built in: radix, the default; lru: whole entries)",
     )  # fmt: skip
     prefill_strategy: str | None = setting(
         None, flag="--prefill-strategy", group=ENGINE, metavar="NAME",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,6 +28,10 @@ class RenderedPrompt:
     text: str
     ids: list[int]
     history_length: int | None = None
+    boundaries: tuple[int, ...] = ()
+    """Token positions where each message's content starts (as far as it could be found
+    in the rendered text): where another prompt sharing this one's start is likely to
+    leave it (see :attr:`mlxcore.engine.request.GenerationRequest.boundaries`)."""
 
     def checkpoints(self) -> tuple[int, ...]:
         """Prompt positions where a reusable cache snapshot should be kept."""
@@ -163,31 +168,87 @@ def render_chat(
         raise MlxcoreError("the model has no chat template; use raw completions instead")
     messages, text = _render_arranged(tokenizer, messages, tools, template_kwargs)
     history = _render(tokenizer, messages, tools, False, template_kwargs)
+    starts = _content_starts(text, messages)
     if not text.startswith(history) or history == text:
-        return RenderedPrompt(text, tokenizer.encode(text, add_special_tokens=False))
-    ids, boundary = _encode_split(tokenizer, text, len(history))
-    return RenderedPrompt(text, ids, boundary)
+        ids, spans = _encode(tokenizer, text)
+        return RenderedPrompt(text, ids, None, _token_positions(spans, starts, len(ids)))
+    ids, boundary, spans = _encode_split(tokenizer, text, len(history))
+    return RenderedPrompt(text, ids, boundary, _token_positions(spans, starts, len(ids)))
 
 
-def _encode_split(tokenizer: Any, text: str, cut: int) -> tuple[list[int], int | None]:
-    """``text``'s token ids, tokenized once, and how many of them cover exactly
-    ``text[:cut]`` (``None`` when a token straddles the cut).
+def _first_text(content: Any) -> str:
+    """The first text of a message's content (a string or a list of parts)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        for part in content:
+            if isinstance(part, Mapping) and isinstance(part.get("text"), str) and part["text"]:
+                return str(part["text"])
+    return ""
+
+
+CONTENT_PROBE_CHARS = 64
+"""How many characters of a message's content are looked for in the rendered text."""
+
+
+def _content_starts(text: str, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    """Character offsets in ``text`` where each message's content starts, in order, for
+    the messages whose first characters appear there verbatim (templates may rewrite a
+    message: that one is skipped)."""
+    out: list[int] = []
+    at = 0
+    for message in messages:
+        probe = _first_text(message.get("content")).lstrip()[:CONTENT_PROBE_CHARS]
+        if not probe:
+            continue
+        found = text.find(probe, at)
+        if found < 0:
+            continue
+        out.append(found)
+        at = found + len(probe)
+    return out
+
+
+def _token_positions(
+    spans: list[tuple[int, int]] | None, cuts: list[int], length: int
+) -> tuple[int, ...]:
+    """For each character offset, how many tokens end at or before it (the tokens
+    before the message), keeping those strictly inside the prompt; ``()`` without spans."""
+    if spans is None:
+        return ()
+    ends = [end for _, end in spans]
+    found = {bisect.bisect_right(ends, cut) for cut in cuts}
+    return tuple(sorted(n for n in found if 0 < n < length))
+
+
+def _encode(tokenizer: Any, text: str) -> tuple[list[int], list[tuple[int, int]] | None]:
+    """``text``'s token ids and, from a fast (Rust) tokenizer, each token's character
+    span (``None`` from another tokenizer)."""
+    fast = getattr(tokenizer, "_tokenizer", tokenizer)
+    try:
+        encoded = fast(text, add_special_tokens=False, return_offsets_mapping=True)
+        return list(encoded["input_ids"]), [tuple(s) for s in encoded["offset_mapping"]]
+    except (NotImplementedError, TypeError, KeyError):
+        return tokenizer.encode(text, add_special_tokens=False), None
+
+
+def _encode_split(
+    tokenizer: Any, text: str, cut: int
+) -> tuple[list[int], int | None, list[tuple[int, int]] | None]:
+    """``text``'s token ids, tokenized once, how many of them cover exactly
+    ``text[:cut]`` (``None`` when a token straddles the cut), and the tokens' spans.
 
     A fast (Rust) tokenizer reports each token's character span; otherwise the
     prefix is tokenized separately and must be a prefix of the whole.
     """
-    fast = getattr(tokenizer, "_tokenizer", tokenizer)
-    try:
-        encoded = fast(text, add_special_tokens=False, return_offsets_mapping=True)
-        ids, spans = list(encoded["input_ids"]), list(encoded["offset_mapping"])
-    except (NotImplementedError, TypeError, KeyError):
-        ids = tokenizer.encode(text, add_special_tokens=False)
+    ids, spans = _encode(tokenizer, text)
+    if spans is None:
         prefix: list[int] = tokenizer.encode(text[:cut], add_special_tokens=False)
         whole = 0 < len(prefix) < len(ids) and ids[: len(prefix)] == prefix
-        return ids, len(prefix) if whole else None
+        return ids, len(prefix) if whole else None, None
     count = sum(1 for _, end in spans if end <= cut)
     straddles = any(start < cut < end for start, end in spans)
-    return ids, count if 0 < count < len(ids) and not straddles else None
+    return ids, count if 0 < count < len(ids) and not straddles else None, spans
 
 
 def render_chat_prompt(

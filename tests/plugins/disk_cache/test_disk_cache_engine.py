@@ -4,6 +4,7 @@ a folder that goes away, the counters."""
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from collections.abc import Iterator
@@ -71,13 +72,13 @@ def test_a_restart_is_served_from_disk_with_the_cold_answer(
     assert warm.finish is not None and warm.finish.usage.cached_tokens == info["cached_tokens"]
     stats = restarted.engine.stats()
     assert stats["prefix_cache_disk_reads"] == 1 and stats["prefix_cache_disk_enabled"] == 1
-    # the same prompt again: a trimmable cache cuts the turn's stored sequence back (memory);
-    # recurrent state is reused only at an exact prefix, the history's entry on disk
+    # the same prompt again: a trimmable cache cuts the turn's stored sequence back;
+    # recurrent state resumes at a snapshot, the history's (read from disk into memory)
     again = explained(run(restarted, turn))
     if family == "tiny_qwen3":
         assert (again["source"], again["cached_tokens"]) == ("memory", len(turn) - 1)
     else:
-        assert (again["source"], again["cached_tokens"]) == ("disk", len(HISTORY))
+        assert (again["source"], again["cached_tokens"]) == ("memory", len(HISTORY))
 
 
 def test_quantized_entries_go_to_their_own_folder_and_come_back_quantized(
@@ -154,3 +155,57 @@ def test_a_folder_that_goes_away_turns_the_tier_off_once(
     assert stats["prefix_cache_disk_enabled"] == 0
     again = run(rt, (*HISTORY, 0))  # still served, from memory
     assert explained(again)["source"] == "memory"
+
+
+def test_a_side_request_after_a_restart_resumes_from_a_snapshot_on_disk(
+    tiny_qwen3_5: Path, runtimes: Any, tmp_path: Path
+) -> None:
+    """A hybrid model's snapshot taken where a message starts goes to disk as a chained
+    entry (its own tokens on top of its parent); after a restart a request that leaves
+    the first one there resumes from it, with the cold answer."""
+    first = runtimes(tiny_qwen3_5, tmp_path)
+    message_start = 300
+    main = GenerationRequest(
+        (*HISTORY, 1, 2, 3), 8, checkpoints=(len(HISTORY),), boundaries=(message_start,)
+    )
+    submit_together(first, [main])
+    first.engine.shutdown()
+    entries = [json.loads(p.read_text()) for p in tmp_path.glob("*/*.json")]
+    assert sorted(e["start"] for e in entries) == [0, message_start, len(HISTORY)]
+    assert all((e["parent"] is None) == (e["start"] == 0) for e in entries)
+
+    side = (*HISTORY[:350], *range(7000, 7040))
+    restarted = runtimes(tiny_qwen3_5, tmp_path)
+    warm = run(restarted, side, n=16)
+    cold = run(runtimes(tiny_qwen3_5, None, prefix_cache_size="0"), side, n=16)
+    assert warm.tokens == cold.tokens
+    info = explained(warm)
+    assert (info["source"], info["cached_tokens"], info["reason"]) == (
+        "disk",
+        message_start,
+        "snapshot",
+    )
+
+
+def test_a_queued_request_reads_its_entry_ahead(
+    tiny_qwen3: Path, runtimes: Any, tmp_path: Path
+) -> None:
+    """While a request waits for a slot, its entry's files are read on the prefetch
+    thread; its lookup then takes them from memory, with the cold answer."""
+    writer = runtimes(tiny_qwen3, tmp_path)
+    run(writer, (*HISTORY, 1, 2, 3))
+    writer.engine.shutdown()  # writes what is queued
+    rt = runtimes(tiny_qwen3, tmp_path, max_num_seqs=1)
+    busy = GenerationRequest(tuple(range(5000, 5100)), 48)
+    queued = GenerationRequest((*HISTORY, 4, 5), 8, options={"explain_cache": True})
+    occupying, waiting = Result(), Result()
+    with rt.engine._wake:  # both queued in one go: the second waits for the first's slot
+        rt.engine.submit(busy, occupying.sink)
+        rt.engine.submit(queued, waiting.sink)
+    assert occupying.done.wait(120) and waiting.done.wait(120)
+    cold = run(runtimes(tiny_qwen3, None, prefix_cache_size="0"), (*HISTORY, 4, 5))
+    assert waiting.tokens == cold.tokens
+    assert explained(waiting)["source"] == "disk"
+    stats = rt.engine.stats()
+    assert stats["prefix_cache_disk_prefetches"] == 1
+    assert stats["prefix_cache_disk_prefetch_hits"] >= 1

@@ -20,6 +20,7 @@ import attrs
 
 from mlxcore.config import ServerConfig
 from mlxcore.engine.events import FinishEvent, TokenEvent
+from mlxcore.engine.prefill_plan import common_prefix
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.hooks import PluginHooks
 from mlxcore.plugins import PluginSelection, create_plugin_manager, load_plugins
@@ -46,12 +47,17 @@ TOOLS: list[dict[str, Any]] = [
 
 @attrs.frozen
 class Turn:
-    """One measured turn."""
+    """One measured request (a turn of the main conversation, or a side request)."""
 
     prompt_tokens: int
     cached_tokens: int
     ttft_s: float
     cold_ttft_s: float
+    shared: int = 0
+    """The longest prefix the prompt shares with any earlier request of the run."""
+    kind: str = "main"
+    baseline_ttft_s: float | None = None
+    """TTFT on the baseline engine (``--agent-baseline``), None without one."""
 
     @property
     def cached_fraction(self) -> float:
@@ -64,12 +70,31 @@ class Turn:
         return self.cold_ttft_s / self.ttft_s if self.ttft_s > 0 else 0.0
 
 
-def default_runtime(model: str, cache_size: str = "100000") -> Runtime:
-    """A runtime with the installed autoloading plugins (template quirks included)."""
+def default_runtime(
+    model: str, cache_size: str = "100000", *, whole_entries: bool = False
+) -> Runtime:
+    """A runtime with the installed autoloading plugins (template quirks included);
+    ``whole_entries``: with the prefix cache mlxcore had before the radix tree (mlx-lm's
+    LRU of whole entries, reused only at exact snapshots on hybrid models), the baseline
+    of ``--agent-baseline whole-entries``."""
     pm = create_plugin_manager()
     load_plugins(pm, PluginSelection())
-    config = ServerConfig(model=model, prefix_cache_size=cache_size, max_model_len=None)
+    config = ServerConfig(
+        model=model,
+        prefix_cache_size=cache_size,
+        max_model_len=None,
+        cache_strategy="lru" if whole_entries else None,
+    )
     return build_runtime(config, PluginHooks(pm))
+
+
+def _shared(prompt: tuple[int, ...], earlier: list[tuple[int, ...]]) -> int:
+    """The longest prefix ``prompt`` shares with any of ``earlier``."""
+    return max((common_prefix(prompt, other) for other in earlier), default=0)
+
+
+def _processed(rt: Runtime | None) -> int:
+    return int(rt.engine.stats()["prompt_tokens_processed"]) if rt is not None else 0
 
 
 def _ttft(rt: Runtime, request: GenerationRequest) -> tuple[float, FinishEvent]:
@@ -116,6 +141,8 @@ def run_agent_session(
     sessions: int = 1,
     restart_at: int | None = None,
     make_runtime: Callable[[], Runtime] | None = None,
+    side_requests: bool = False,
+    baseline: bool = False,
 ) -> dict[str, Any]:
     """Replay the session; return per-turn numbers and the summary the targets need.
 
@@ -124,24 +151,44 @@ def run_agent_session(
     runtime down after turn N (counted from 1) and builds a new one, as a server restart
     would: what survives is what its plugins kept outside the process. ``make_runtime``
     builds the measured runtime (default: installed plugins, a 100000-token prefix cache);
-    the cold side is always a runtime without prefix cache.
+    the cold side is always a runtime without prefix cache. ``side_requests`` adds, after
+    each main turn, a request sharing its system prompt and tools with a first user
+    message of its own (an agent's title or sub-agent request); ``baseline`` measures
+    every request on a third runtime with whole-entry prefix caching as well.
     """
     build = make_runtime or (lambda: default_runtime(model))
     warm, cold = build(), default_runtime(model, "0")
+    base = default_runtime(model, whole_entries=True) if baseline else None
     results: list[list[Turn]] = [[] for _ in range(sessions)]
+    ordered: list[Turn] = []
+    seen: list[tuple[int, ...]] = []
+    computed = {"measured": 0, "baseline": 0}
+
+    def measure(messages: list[dict[str, Any]], kind: str) -> Turn:
+        rendered = render_chat(warm.tokenizer, messages, tools=TOOLS)
+        prompt = tuple(rendered.ids)
+        request = GenerationRequest(
+            prompt, max_tokens, checkpoints=rendered.checkpoints(), boundaries=rendered.boundaries
+        )
+        before = _processed(warm), _processed(base)
+        ttft, finish = _ttft(warm, request)
+        base_ttft = _ttft(base, request)[0] if base is not None else None
+        computed["measured"] += _processed(warm) - before[0]
+        computed["baseline"] += _processed(base) - before[1]
+        cold_ttft, _ = _ttft(cold, GenerationRequest(prompt, max_tokens))
+        shared = _shared(prompt, seen)
+        seen.append(prompt)
+        cached = finish.usage.cached_tokens
+        ordered.append(Turn(len(prompt), cached, ttft, cold_ttft, shared, kind, base_ttft))
+        return ordered[-1]
+
     try:
         chats = [_opening(number, system_tokens) for number in range(sessions)]
         for turn in range(turns):
             for number, messages in enumerate(chats):
-                rendered = render_chat(warm.tokenizer, messages, tools=TOOLS)
-                request = GenerationRequest(
-                    tuple(rendered.ids), max_tokens, checkpoints=rendered.checkpoints()
-                )
-                ttft, finish = _ttft(warm, request)
-                cold_ttft, _ = _ttft(cold, GenerationRequest(tuple(rendered.ids), max_tokens))
-                results[number].append(
-                    Turn(len(rendered.ids), finish.usage.cached_tokens, ttft, cold_ttft)
-                )
+                results[number].append(measure(messages, "main"))
+                if side_requests:
+                    measure(_side_request(messages, turn), "side")
                 messages += _next_messages(turn)
             if restart_at is not None and turn + 1 == restart_at:
                 warm.engine.shutdown()
@@ -150,9 +197,56 @@ def run_agent_session(
             k: v for k, v in warm.engine.stats().items() if k.startswith("prefix_cache_")
         }
     finally:
-        warm.engine.shutdown()
-        cold.engine.shutdown()
-    return {**_summary(results, restart_at), "prefix_cache": cache_stats}
+        for rt in (warm, cold, base):
+            if rt is not None:
+                rt.engine.shutdown()
+    out = {**_summary(results, restart_at), "prefix_cache": cache_stats}
+    if side_requests or base is not None:
+        out.update(_requests_summary(ordered, seen, computed, base is not None))
+    return out
+
+
+SIDE_REQUEST = "Write a 5-10 word title for the conversation so far. Reply with the title only."
+
+
+def _side_request(messages: list[dict[str, Any]], turn: int) -> list[dict[str, Any]]:
+    """A request an agent sends beside its main turn (a title, a sub-agent): the same
+    system prompt and tools, then a first user message of its own."""
+    return [messages[0], {"role": "user", "content": f"{SIDE_REQUEST} (turn {turn})"}]
+
+
+def _distinct_tokens(prompts: list[tuple[int, ...]]) -> int:
+    """How many nodes a token trie of ``prompts`` has: the tokens a server that never
+    computed a prefix twice would process."""
+    return sum(len(p) - _shared(p, prompts[:i]) for i, p in enumerate(prompts))
+
+
+def _requests_summary(
+    requests: list[Turn],
+    seen: list[tuple[int, ...]],
+    computed: dict[str, int],
+    with_baseline: bool,
+) -> dict[str, Any]:
+    """Every request in order, and how much prompt processing the run took against the
+    distinct tokens it sent."""
+    later = [t for t in requests if t.shared > 0]
+    distinct = _distinct_tokens(seen)
+    out: dict[str, Any] = {
+        "requests": [_turn_body(t) for t in requests],
+        "distinct_tokens": distinct,
+        "computed_tokens": computed["measured"],
+        "computed_over_distinct": round(computed["measured"] / max(1, distinct), 3),
+        "min_cached_of_shared": round(min((_of_shared(t) for t in later), default=1.0), 4),
+    }
+    if with_baseline:
+        out["baseline_computed_tokens"] = computed["baseline"]
+        out["baseline_computed_over_distinct"] = round(computed["baseline"] / max(1, distinct), 3)
+    return out
+
+
+def _of_shared(t: Turn) -> float:
+    """Cached tokens over the prefix shared with earlier requests (1.0 when none)."""
+    return min(1.0, t.cached_tokens / t.shared) if t.shared else 1.0
 
 
 def _opening(session: int, system_tokens: int) -> list[dict[str, Any]]:
@@ -163,14 +257,20 @@ def _opening(session: int, system_tokens: int) -> list[dict[str, Any]]:
 
 
 def _turn_body(t: Turn) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
+        "kind": t.kind,
         "prompt_tokens": t.prompt_tokens,
+        "shared": t.shared,
         "cached_tokens": t.cached_tokens,
         "cached_fraction": round(t.cached_fraction, 4),
+        "cached_of_shared": round(_of_shared(t), 4),
         "ttft_s": round(t.ttft_s, 4),
         "cold_ttft_s": round(t.cold_ttft_s, 4),
         "speedup": round(t.speedup, 2),
     }
+    if t.baseline_ttft_s is not None:
+        out["baseline_ttft_s"] = round(t.baseline_ttft_s, 4)
+    return out
 
 
 def _summary(results: list[list[Turn]], restart_at: int | None) -> dict[str, Any]:
@@ -210,6 +310,19 @@ def add_agent_options(parser: Any) -> None:
         help="conversations taking turns in round-robin, each with its own system prompt",
     )
     group.add_argument(
+        "--agent-side-requests",
+        action="store_true",
+        help="after each turn, a side request sharing the system prompt and tools (a title "
+        "or sub-agent request), as Claude Code sends",
+    )
+    group.add_argument(
+        "--agent-baseline",
+        choices=("none", "whole-entries"),
+        default="none",
+        help="also run every request on an engine with the whole-entry prefix cache mlxcore "
+        "had before the radix tree, side by side",
+    )
+    group.add_argument(
         "--restart-at",
         type=int,
         default=None,
@@ -236,6 +349,8 @@ def main_agent(
         sessions=args.agent_sessions,
         restart_at=args.restart_at,
         make_runtime=make_runtime,
+        side_requests=args.agent_side_requests,
+        baseline=args.agent_baseline == "whole-entries",
     )
     targets = {
         "cached_fraction_after_first >= 0.9": result["min_cached_fraction_after_first"] >= 0.9,
@@ -243,10 +358,22 @@ def main_agent(
     }
     if "speedup_after_restart" in result:
         targets["ttft_speedup_after_restart >= 10"] = result["speedup_after_restart"] >= 10
+    if "computed_over_distinct" in result:
+        targets["computed_over_distinct <= 1.2"] = result["computed_over_distinct"] <= 1.2
+        targets["cached_of_shared >= 0.9"] = result["min_cached_of_shared"] >= 0.9
     result["targets"] = targets
     if getattr(args, "json", False):
         print(json.dumps(result, indent=2))
         return 0
+    if "requests" in result:
+        _print_requests(result)
+    else:
+        _print_turns(result)
+    print(json.dumps(result["targets"]))
+    return 0
+
+
+def _print_turns(result: dict[str, Any]) -> None:
     print(f"{'turn':>4} {'ses':>3} {'prompt':>7} {'cached':>7} {'share':>6} {'TTFT s':>8} "
           f"{'cold s':>8} {'x':>7}")  # fmt: skip
     for session, turns in enumerate(result.get("sessions", [result["turns"]])):
@@ -256,5 +383,25 @@ def main_agent(
                 f"{t['cached_fraction']:>6.3f} {t['ttft_s']:>8.3f} {t['cold_ttft_s']:>8.3f} "
                 f"{t['speedup']:>7.1f}"
             )
-    print(json.dumps(result["targets"]))
-    return 0
+
+
+def _print_requests(result: dict[str, Any]) -> None:
+    print(f"{'#':>3} {'kind':>4} {'prompt':>7} {'shared':>7} {'cached':>7} {'of shr':>6} "
+          f"{'TTFT s':>8} {'base s':>8} {'cold s':>8}")  # fmt: skip
+    for i, t in enumerate(result["requests"]):
+        base = t.get("baseline_ttft_s")
+        print(
+            f"{i + 1:>3} {t['kind']:>4} {t['prompt_tokens']:>7} {t['shared']:>7} "
+            f"{t['cached_tokens']:>7} {t['cached_of_shared']:>6.3f} {t['ttft_s']:>8.3f} "
+            f"{'-' if base is None else f'{base:.3f}':>8} {t['cold_ttft_s']:>8.3f}"
+        )
+    line = (
+        f"prompt tokens computed {result['computed_tokens']} for "
+        f"{result['distinct_tokens']} distinct ({result['computed_over_distinct']}x)"
+    )
+    if "baseline_computed_tokens" in result:
+        line += (
+            f"; whole-entry baseline {result['baseline_computed_tokens']} "
+            f"({result['baseline_computed_over_distinct']}x)"
+        )
+    print(line)

@@ -11,6 +11,7 @@ evicted entries to tell an eviction from a plain miss.
 from __future__ import annotations
 
 import collections
+import copy
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
@@ -236,10 +237,11 @@ class LRUPrefixCache(CacheStrategy):
         self.insert(tokens, cache, "assistant")
 
     def store_checkpoint(self, tokens: Sequence[int], cache: LayerCache) -> None:
-        """A conversation's history snapshot: filed as mlx-lm's ``user`` kind, which its
-        LRU evicts after the ``assistant`` kind (finished sequences), so an agent's long
-        turns keep the entry the next turn starts from."""
-        self.insert(tokens, cache, "user")
+        """A snapshot taken during prefill (``cache`` is lent: a copy is kept): filed as
+        mlx-lm's ``user`` kind, which its LRU evicts after the ``assistant`` kind
+        (finished sequences), so an agent's long turns keep the entry the next turn
+        starts from."""
+        self.insert(tokens, copy.deepcopy(cache), "user")
 
     def insert(self, tokens: Sequence[int], cache: LayerCache, kind: str) -> LayerCache | None:
         """Keep a compact copy of ``cache`` for ``tokens`` as mlx-lm's ``kind``

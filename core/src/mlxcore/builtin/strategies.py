@@ -14,6 +14,7 @@ import mlx.core as mx
 from mlxcore import hookimpl
 from mlxcore.builtin.decoder import PlainDecoder
 from mlxcore.builtin.prefix_cache import LRUPrefixCache, parse_cache_size
+from mlxcore.builtin.radix_cache import RadixPrefixCache, prefix_cache_for
 from mlxcore.config import ServerConfig
 from mlxcore.engine.batch_prefill import cache_is_batchable, prefill_together
 from mlxcore.engine.cache_explain import EXPLAIN_OPTION
@@ -29,7 +30,14 @@ from mlxcore.engine.strategies import (
 from mlxcore.errors import OptionError
 from mlxcore.model_info import ModelInfo
 
-__all__ = ["ChunkedPrefill", "LRUPrefixCache", "PlainDecoder", "parse_cache_size"]
+__all__ = [
+    "ChunkedPrefill",
+    "LRUPrefixCache",
+    "PlainDecoder",
+    "RadixPrefixCache",
+    "parse_cache_size",
+    "prefix_cache_for",
+]
 
 BATCH_OPTION = "batched_prefill"
 """Request option: ``{"batched_prefill": false}`` keeps a request out of batched prefill."""
@@ -124,6 +132,12 @@ def mlxcore_decoder(model: Any, info: ModelInfo, config: ServerConfig) -> Decode
 
 
 @hookimpl(trylast=True)
-def mlxcore_cache_strategy(model: Any, info: ModelInfo, config: ServerConfig) -> CacheStrategy:
-    """The default: an LRU prefix cache of ``--prefix-cache-size``."""
-    return LRUPrefixCache(model, size=config.prefix_cache_size)
+def mlxcore_cache_strategy(
+    model: Any, info: ModelInfo, config: ServerConfig
+) -> list[CacheStrategy]:
+    """The default: a radix-tree prefix cache of ``--prefix-cache-size`` (``radix``);
+    ``--cache-strategy lru`` picks whole entries in mlx-lm's LRU instead, the only choice
+    for models whose cache cannot be cut into segments."""
+    if config.cache_strategy == LRUPrefixCache.name:
+        return [LRUPrefixCache(model, size=config.prefix_cache_size)]
+    return [prefix_cache_for(model, config.prefix_cache_size)]

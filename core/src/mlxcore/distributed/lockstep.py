@@ -29,6 +29,7 @@ import pickle
 import secrets
 import time
 import zlib
+from typing import Any
 
 import attrs
 
@@ -67,6 +68,9 @@ class StepMessage:
             same as last time).
         stop: rank 0 is shutting down; the other ranks leave their loop.
         pause: nothing to do: sleep this many seconds, run no step.
+        cache_settings: rank 0's cache strategy settings
+            (:meth:`~mlxcore.engine.strategies.CacheStrategy.shared_settings`), in its
+            first step message.
     """
 
     admit: tuple[tuple[int, GenerationRequest], ...] = ()
@@ -74,12 +78,13 @@ class StepMessage:
     keep_entries: int | None = None
     stop: bool = False
     pause: float = 0.0
+    cache_settings: Any = None
 
     @property
     def empty(self) -> bool:
         """True when the message changes nothing (not sent: the length says 0)."""
         changes = self.admit or self.cancel or self.stop or self.pause
-        return not changes and self.keep_entries is None
+        return not changes and self.keep_entries is None and self.cache_settings is None
 
     def encode(self) -> bytes:
         """The message as bytes (pickled: it only travels between the ranks of one
@@ -157,6 +162,7 @@ class Lockstep:
         self._digest = 0
         self._handles: dict[int, LockstepHandle] = {}
         self._entries: int | None = None
+        self._settings_sent = False
         self._pauses = 0
         self.stopped = False
         self.weights_mib: list[int] = []
@@ -181,6 +187,8 @@ class Lockstep:
     def _apply(self, loop: BatchLoop, message: StepMessage) -> None:
         """Apply ``message`` to ``loop`` before its step: trim the cache, end the
         cancelled requests (admissions are passed to the step itself)."""
+        if message.cache_settings is not None:
+            loop.cache.adopt_settings(message.cache_settings)
         if message.keep_entries is not None:
             loop.cache.trim_entries(message.keep_entries)
         for uid, reason in message.cancel:
@@ -245,11 +253,14 @@ class Lockstep:
         entries = loop.cache.stats().entries
         keep = entries if entries != self._entries else None
         self._entries = entries
-        message = StepMessage(tuple(admit), cancel, keep)
+        settings = None
+        if not self._settings_sent:
+            settings, self._settings_sent = loop.cache.shared_settings(), True
+        message = StepMessage(tuple(admit), cancel, keep, cache_settings=settings)
         self._exchange(None if message.empty else message.encode())
         for handle in handles:
             self._handles[handle.uid] = handle
-        self._apply(loop, attrs.evolve(message, keep_entries=None))
+        self._apply(loop, attrs.evolve(message, keep_entries=None, cache_settings=None))
         return list(handles)
 
     def close(self) -> None:

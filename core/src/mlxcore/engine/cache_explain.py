@@ -14,10 +14,13 @@ The classes (:data:`REASONS`):
 ``diverged``
     The closest stored entry holds a different token at ``diverged_at``; the cache
     was cut back to there.
+``snapshot``
+    The prompt shares ``diverged_at`` tokens with stored entries, and the model holds
+    recurrent state (hybrid models) that cannot be rewound: it resumed from the deepest
+    snapshot before that point, at token ``cached_tokens``.
 ``recurrent_boundary``
-    The prompt shares ``diverged_at`` tokens with a stored entry, but the entry holds
-    recurrent state (hybrid models) that cannot be rewound to that point; only an
-    entry ending exactly on a prompt prefix can be used.
+    As ``snapshot``, but no snapshot lies before the point where the prompt leaves the
+    stored entries: nothing was reused.
 ``evicted``
     An entry that would have covered more (``diverged_at`` tokens) was stored but
     evicted to make room.
@@ -42,6 +45,7 @@ REASONS = (
     "full",
     "new_suffix",
     "diverged",
+    "snapshot",
     "recurrent_boundary",
     "evicted",
     "no_entry",
@@ -82,7 +86,9 @@ class CacheExplanation:
         if self.source:
             text += f" from {self.source}"
         text += f"; rest: {self.reason}"
-        if self.entry_tokens:
+        if self.reason == "snapshot":
+            text += f" (resumed at token {self.cached_tokens} of a shared {self.diverged_at})"
+        elif self.entry_tokens:
             text += f" (entry of {self.entry_tokens} tokens, shared {self.diverged_at})"
         return text
 
@@ -121,7 +127,7 @@ def explain_lookup(
     if not entry_tokens or not shared:
         return CacheExplanation("no_entry", source=src, **common)
     if shared > cached_tokens and not trimmable:
-        reason = "recurrent_boundary"
+        reason = "snapshot" if cached_tokens else "recurrent_boundary"
     elif cached_tokens >= entry_tokens:
         reason = "new_suffix"
     else:

@@ -401,6 +401,7 @@ class Engine:
                             break
                         self._expire_waiting()
                         admitted = [] if self._stopping else self._take_waiting(loop)
+                        waiting = list(self._waiting)
                 if idle and sync is not None:
                     if not self._pause(epoch, sync, loop):
                         return
@@ -410,6 +411,7 @@ class Engine:
                     if sync is not None:
                         admitted = sync.lead(loop, admitted)
                     loop.iterate(admitted)
+                    loop.prefetch(waiting)
                 except Exception as exc:
                     self._busy_since = None
                     if not self._recover(epoch, exc):

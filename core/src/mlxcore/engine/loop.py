@@ -20,9 +20,7 @@ Containment rules:
 from __future__ import annotations
 
 import collections
-import copy
 import logging
-import secrets
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -33,7 +31,12 @@ from mlxcore.engine.cache_explain import EXPLAIN_OPTION, CacheExplanation
 from mlxcore.engine.events import Event, FinishEvent, RequestHandle, TokenEvent, Usage
 from mlxcore.engine.prefill_plan import find_shared_prefix, plan_step
 from mlxcore.engine.request import GenerationRequest
-from mlxcore.engine.sampling import make_processors, make_sampler, token_with_logprobs
+from mlxcore.engine.sampling import (
+    make_processors,
+    make_sampler,
+    repair_random_state,
+    token_with_logprobs,
+)
 from mlxcore.engine.strategies import (
     CacheStrategy,
     Decoder,
@@ -190,6 +193,7 @@ class BatchLoop:
         self.prefilling: collections.deque[AdmittedRequest] = collections.deque()
         self.parked: list[Parked] = []
         self.shorts_in_a_row = 0
+        self.prefetched: set[int] = set()
         self.abandoned = False
         """Set when the engine gave up on this loop (a hung step): it sends nothing more."""
 
@@ -233,6 +237,17 @@ class BatchLoop:
             except Exception:
                 log.exception("request %s: the admission callback failed", handle.uid)
 
+    def prefetch(self, waiting: list[RequestHandle]) -> None:
+        """Tell the cache strategy, once each, about requests still queued."""
+        for handle in waiting:
+            if handle.uid in self.prefetched:
+                continue
+            try:
+                self.cache.prefetch(handle.request)
+            except Exception:
+                log.exception("cache strategy %s failed to prefetch", self.cache.name)
+        self.prefetched = {handle.uid for handle in waiting}
+
     def start_prefill(self, live: AdmittedRequest) -> None:
         """Look the prompt up in the prefix cache and queue its prefill."""
         req = live.request
@@ -241,6 +256,9 @@ class BatchLoop:
             live.usage.cached_tokens = live.handle.cached_tokens = lookup.cached_tokens
             self._explain(live, lookup.explanation)
             live.task = PrefillTask(req, lookup.cache, lookup.cached_tokens)
+            live.task.extra_checkpoints.extend(
+                self.cache.snapshot_points(req, lookup.cached_tokens)
+            )
             live.task.snapshot = self._snapshotter(live.task)
             live.prefill = self.prefill.prefill(live.task)
         except Exception as exc:
@@ -253,7 +271,8 @@ class BatchLoop:
         (``"explain_cache": true``: ``usage.mlxcore.cache``)."""
         if explanation is None:
             return
-        log.debug("request %s: prefix cache %s", live.handle.uid, explanation.summary())
+        rid = live.request.request_id or live.handle.uid
+        log.debug("request %s: prefix cache %s", rid, explanation.summary())
         if live.request.options.get(EXPLAIN_OPTION) is True:
             live.usage.extra["mlxcore"] = {"cache": explanation.as_dict()}
 
@@ -308,13 +327,12 @@ class BatchLoop:
         self.parked = waiting
 
     def _snapshotter(self, task: PrefillTask) -> Any:
-        """The ``snapshot`` callback: keep a copy of the cache at a checkpoint."""
+        """The ``snapshot`` callback: offer the cache at a checkpoint (the strategy copies
+        what it keeps)."""
 
         def snapshot(n: int) -> None:
             try:
-                self.cache.store_checkpoint(
-                    task.request.cache_tokens[:n], copy.deepcopy(task.cache)
-                )
+                self.cache.store_checkpoint(task.request.cache_tokens[:n], task.cache)
             except Exception:
                 log.exception("cache strategy %s failed to store a snapshot", self.cache.name)
 
@@ -561,17 +579,6 @@ class BatchLoop:
 def _unbuilt_sampler(logprobs: Any) -> Any:
     """Stands in until the request's own sampler is built (building may fail)."""
     raise MlxcoreError("the request's sampler was never built")
-
-
-def repair_random_state() -> None:
-    """Reseed MLX's global random state if a failed compiled function left it broken
-    (mlx-lm's compiled samplers capture it; an exception while tracing one leaves a
-    placeholder behind, and every later unseeded draw fails)."""
-    try:
-        mx.eval(mx.random.state)
-    except Exception:
-        log.warning("MLX's global random state was broken by a failed request; reseeding")
-        mx.random.seed(secrets.randbits(63))
 
 
 def _guard(live: AdmittedRequest, proc: LogitsProcessor) -> LogitsProcessor:

@@ -52,6 +52,10 @@ class GenerationRequest:
             reuse (the end of the conversation history, before the generation
             prompt): the next turn starts with exactly those tokens, which is what
             hybrid models, whose recurrent state cannot be rewound, need.
+        boundaries: prompt positions where other requests sharing this prompt's start
+            are likely to diverge from it (the start of each message's content in the
+            rendered template). A cache strategy may snapshot there (see
+            :meth:`~mlxcore.engine.strategies.CacheStrategy.snapshot_points`).
         media: the prompt's images or videos, already prepared by the loaded model's
             media handler (:class:`mlxcore.media.MediaHandler`); ``None`` for text-only
             requests. Opaque to the core: the prefill strategy that handles media reads it.
@@ -68,6 +72,7 @@ class GenerationRequest:
     options: dict[str, Any] = attrs.field(factory=dict)
     request_id: str = ""
     checkpoints: tuple[int, ...] = ()
+    boundaries: tuple[int, ...] = ()
     media: Any = None
     cache_key: tuple[int, ...] | None = None
 

@@ -13,6 +13,7 @@ everything" (``top_k`` at or above the vocabulary size).
 
 from __future__ import annotations
 
+import logging
 import math
 import secrets
 from typing import Any
@@ -22,6 +23,8 @@ from mlx_lm.sample_utils import make_logits_processors
 
 from mlxcore.engine.request import SamplingParams
 from mlxcore.engine.strategies import LogitsProcessor, Sampler, StepToken
+
+log = logging.getLogger(__name__)
 
 
 def greedy(logprobs: mx.array) -> mx.array:
@@ -114,3 +117,14 @@ def token_with_logprobs(token: int, logprobs: mx.array, top: int) -> StepToken:
     values: list[float] = logprobs[best].tolist()  # type: ignore[assignment]
     pairs = sorted(zip(ids, values, strict=True), key=lambda p: -p[1])
     return StepToken(token, chosen, tuple(pairs))
+
+
+def repair_random_state() -> None:
+    """Reseed MLX's global random state if a failed compiled function left it broken
+    (mlx-lm's compiled samplers capture it; an exception while tracing one leaves a
+    placeholder behind, and every later unseeded draw fails)."""
+    try:
+        mx.eval(mx.random.state)
+    except Exception:
+        log.warning("MLX's global random state was broken by a failed request; reseeding")
+        mx.random.seed(secrets.randbits(63))

@@ -24,6 +24,7 @@ Request flow through the strategies::
 from __future__ import annotations
 
 import abc
+import copy
 from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any, ClassVar, TypeVar
 
@@ -115,11 +116,26 @@ class CacheStrategy(abc.ABC):
         """
 
     def store_checkpoint(self, tokens: Sequence[int], cache: LayerCache) -> None:
-        """Offer a snapshot taken at a checkpoint of a prompt (the end of a chat's history,
-        where the conversation's next turn will start). Such entries are the ones the
-        next turn needs: keep them longer than finished sequences if you can. Default:
-        :meth:`store`."""
-        self.store(tokens, cache)
+        """Offer a snapshot taken while a prompt is prefilled, at one of its checkpoints
+        (the end of a chat's history, where the conversation's next turn will start) or
+        at one of :meth:`snapshot_points`. ``cache`` holds exactly ``tokens`` and is only
+        lent: the prefill goes on filling it after this call, so copy what you keep.
+        Default: :meth:`store` of a deep copy."""
+        self.store(tokens, copy.deepcopy(cache))
+
+    def snapshot_points(self, request: GenerationRequest, start: int) -> list[int]:
+        """Positions of ``request``'s prompt past ``start`` (the tokens the lookup reused)
+        where its prefill should stop and offer a snapshot (:meth:`store_checkpoint`),
+        besides the request's own checkpoints: where later prompts are likely to leave
+        this one (a hybrid model resumes only where a snapshot was kept). Called once per
+        request, after :meth:`lookup`. Default: none."""
+        return []
+
+    def prefetch(self, request: GenerationRequest) -> None:
+        """``request`` waits in the engine's queue: start bringing its stored prefix
+        closer (a disk tier reads its files on a thread of its own) so that its
+        :meth:`lookup` at admission does not wait. Called once per waiting request, on
+        the engine thread; must not block. Default: nothing."""
 
     def clear(self) -> None:
         """Drop everything stored."""
@@ -141,6 +157,21 @@ class CacheStrategy(abc.ABC):
             f"cache strategy {self.name!r} cannot follow another rank's evictions "
             "(distributed serving needs the built-in lru strategy)"
         )
+
+    def shared_settings(self) -> Any:
+        """Decisions a distributed rank other than 0 must take from rank 0 because they
+        depend on the rank's own shard (the radix cache's snapshot spacing is measured on
+        the layers a rank holds); rank 0 sends them once. Default: ``None`` (nothing)."""
+        return None
+
+    def adopt_settings(self, settings: Any) -> None:
+        """Take rank 0's :meth:`shared_settings`. Default: refuse anything but ``None``
+        (the ranks chose different cache strategies)."""
+        if settings is not None:
+            raise MlxcoreError(
+                f"cache strategy {self.name!r} cannot take rank 0's cache settings "
+                f"{settings!r}: the ranks chose different cache strategies"
+            )
 
     def trim_entries(self, count: int) -> None:
         """Keep the ``count`` entries that would be evicted last (fewer, if fewer are

@@ -95,6 +95,7 @@ class Prompt:
     ids: list[int]
     text: str = ""
     checkpoints: tuple[int, ...] = ()
+    boundaries: tuple[int, ...] = ()
     media: Any = None
     cache_key: tuple[int, ...] | None = None
 
@@ -116,12 +117,12 @@ def prepare_prompt(
         return Prompt(ids)
     rendered = svc.chat_prompt(prompt.messages, prompt.tools, prompt.template_kwargs)
     if not prompt.media_parts:
-        return Prompt(rendered.ids, rendered.text, rendered.checkpoints())
+        return Prompt(rendered.ids, rendered.text, rendered.checkpoints(), rendered.boundaries)
     media = svc.runtime.media
     assert media is not None, "media parts are only collected when the model has a handler"
     prepared = media.prepare(rendered.text, prompt.media_parts, options)
     key = None if prepared.cache_key is None else tuple(prepared.cache_key)
-    return Prompt(prepared.ids, rendered.text, (), prepared.payload, key)
+    return Prompt(prepared.ids, rendered.text, (), (), prepared.payload, key)
 
 
 def generation_budget(
@@ -224,6 +225,7 @@ def build_generations(svc: GenerationService, spec: RequestSpec) -> list[Generat
         request = GenerationRequest(
             prompt_tokens=tuple(prompt.ids),
             checkpoints=prompt.checkpoints,
+            boundaries=prompt.boundaries,
             max_tokens=budget,
             sampling=sampling,
             options=options,

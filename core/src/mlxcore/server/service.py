@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +40,8 @@ from mlxcore.server.errors import APIError, invalid, overloaded
 from mlxcore.server.metrics import Metrics
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 
 @attrs.define
@@ -295,6 +298,7 @@ class GenerationService:
                 assert isinstance(event, FinishEvent)
                 finished = True
                 gen.usage = event.usage
+                _log_finished(gen, event)
                 if event.reason == "error":
                     raise _generation_error(gen.request.request_id, event)
                 yield gen.pipeline.finish(event.reason)
@@ -302,6 +306,23 @@ class GenerationService:
         finally:
             if not finished:
                 handle.cancel()
+
+
+def _log_finished(gen: Generation, event: FinishEvent) -> None:
+    """One debug line per finished request: its prompt, cache reuse and timing."""
+    if not log.isEnabledFor(logging.DEBUG):
+        return
+    usage = event.usage
+    ttft = gen.first_token_at - gen.created_at if gen.first_token_at is not None else None
+    log.debug(
+        "request %s finished (%s): %d prompt tokens, %d cached, TTFT %s, %d generated",
+        gen.request.request_id,
+        event.reason,
+        usage.prompt_tokens,
+        usage.cached_tokens,
+        "-" if ttft is None else f"{ttft:.3f} s",
+        usage.completion_tokens,
+    )
 
 
 def _unavailable_message(event: FinishEvent) -> str:

@@ -10,11 +10,15 @@ pipeline parses what comes out, streaming and non-streaming.
 
 ``--test-script TEXT`` scripts every request that carries no script of its own: how the
 agent end-to-end tests (``make agents-e2e``) make a random model answer a real client
-(Codex, Claude Code) with a short, finished reply.
+(Codex, Claude Code) with a short, finished reply. ``--test-record FILE`` appends each
+request's id and prompt token ids to ``FILE`` (one JSON object per line), so a test can
+tell how much of each prompt an earlier one shared.
 """
 
 from __future__ import annotations
 
+import json
+import threading
 from typing import Any
 
 import attrs
@@ -40,10 +44,20 @@ class ScriptSettings:
         metavar="TEXT",
         help="force this output on every request without its own test_script (tests only)",
     )
+    test_record: str | None = setting(
+        None,
+        flag="--test-record",
+        metavar="FILE",
+        help="append each request's id and prompt token ids to FILE as JSON lines (tests only)",
+    )
 
 
 _server_script: str | None = None
 """``--test-script`` of this process (the plugin is for tests: one server per process)."""
+
+_record: str | None = None
+"""``--test-record`` of this process."""
+_record_lock = threading.Lock()
 
 
 class ScriptProcessor:
@@ -70,8 +84,9 @@ def mlxcore_addoption(parser: Any) -> None:
 @hookimpl
 def mlxcore_configure(config: ServerConfig) -> None:
     """Keep ``--test-script`` for the requests that have no script."""
-    global _server_script
-    _server_script = read_settings(config, ScriptSettings).test_script
+    global _server_script, _record
+    settings = read_settings(config, ScriptSettings)
+    _server_script, _record = settings.test_script, settings.test_record
 
 
 @hookimpl
@@ -83,7 +98,12 @@ def mlxcore_validate_options(options: dict[str, Any]) -> None:
 
 @hookimpl
 def mlxcore_logits_processors(request: GenerationRequest, info: ModelInfo) -> list[Any] | None:
-    """Force the request's ``test_script`` text, if it has one."""
+    """Force the request's ``test_script`` text, if it has one (and record the prompt
+    under ``--test-record``)."""
+    if _record is not None:
+        line = json.dumps({"request_id": request.request_id, "prompt": request.prompt_tokens})
+        with _record_lock, open(_record, "a") as f:
+            f.write(line + "\n")
     text = request.options.get(OPTION, _server_script)
     if not isinstance(text, str) or info.tokenizer is None:
         return None

@@ -20,7 +20,7 @@ import attrs
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxcore import hookimpl
-from mlxcore.builtin.prefix_cache import LRUPrefixCache
+from mlxcore.builtin.radix_cache import prefix_cache_for
 from mlxcore.config import ServerConfig
 from mlxcore.engine.kv_quant import KVQuantization
 from mlxcore.engine.strategies import CacheStrategy
@@ -85,9 +85,9 @@ def mlxcore_configure(config: ServerConfig) -> None:
 
 @hookimpl
 def mlxcore_cache_strategy(model: Any, info: ModelInfo, config: ServerConfig) -> CacheStrategy:
-    """The built-in LRU cache of ``--prefix-cache-size`` with the disk tier behind it."""
+    """The built-in prefix cache of ``--prefix-cache-size`` with the disk tier behind it."""
     settings = read_settings(config, DiskCacheSettings)
-    memory = LRUPrefixCache(model, size=config.prefix_cache_size)
+    memory = prefix_cache_for(model, config.prefix_cache_size)
     kv_quant = KVQuantization.from_config(config)
     root = Path(settings.disk_cache_dir).expanduser() if settings.disk_cache_dir else default_dir()
     store: DiskStore | None = None

@@ -20,7 +20,7 @@ from typing import Any
 import mlx_lm
 from mlx.utils import tree_flatten
 
-FORMAT = "mlxcore-disk-cache/1"
+FORMAT = "mlxcore-disk-cache/2"
 """Bumped when the stored format changes; part of every fingerprint."""
 
 SAMPLE_BYTES = 1 << 20

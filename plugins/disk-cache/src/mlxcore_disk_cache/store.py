@@ -7,6 +7,12 @@ the commit: it is renamed into place after its data file, so a reader never sees
 entry whose data is still being written. Data files carry their checksum in their
 name, so two servers writing the same entry never overwrite each other's file.
 
+An entry may hold only the tail of its tokens' state: tokens ``[start, length)`` of
+the attention layers (and the recurrent state at its end), on top of its *parent*, the
+entry of its first ``start`` tokens. A conversation's turns and snapshots then cost their
+own tokens only, as in the memory tier's tree. An entry whose parents are gone (evicted,
+damaged) is unusable and deleted when found.
+
 Several servers may share a folder: writes are atomic renames, the size bound is
 enforced under a file lock, and each server rescans the folder when its
 modification time changes. A file that is missing when read (another server evicted
@@ -18,9 +24,11 @@ every hit) are deleted when the folder grows past its size.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import hashlib
+import io
 import logging
 import os
 import threading
@@ -40,6 +48,8 @@ log = logging.getLogger("mlxcore.plugins.disk_cache")
 
 META_SUFFIX = ".json"
 DATA_SUFFIX = ".safetensors"
+PREFETCH_BYTES = 2 << 30
+"""The most bytes of data files read ahead for queued requests."""
 STALE_TEMP_SECONDS = 3600.0
 """Temporary files older than this are leftovers of a crashed writer."""
 
@@ -67,6 +77,8 @@ class Meta(msgspec.Struct):
     nbytes: int
     kind: str = "sequence"
     created: float = 0.0
+    start: int = 0
+    parent: str | None = None
 
 
 @attrs.define(eq=False)
@@ -79,10 +91,14 @@ class DiskEntry:
     crc32: int
     nbytes: int
     kind: str
+    start: int = 0
+    """The first token whose state the entry's own file holds (0: all of them)."""
+    parent: str | None = None
+    """The key of the entry holding tokens ``[0, start)`` (None when ``start`` is 0)."""
 
     @property
     def length(self) -> int:
-        """How many tokens the entry's state holds."""
+        """How many tokens the entry's state holds, its parents' included."""
         return int(self.tokens.shape[0])
 
 
@@ -118,6 +134,62 @@ def file_crc(path: Path) -> int:
     return crc
 
 
+class _NamedBytes(io.BytesIO):
+    """File bytes that ``mx.load`` reads as safetensors."""
+
+    name = "entry" + DATA_SUFFIX
+
+
+class Prefetched:
+    """Data files read ahead of their use (any thread), bounded in bytes; the oldest
+    goes first when a new one does not fit."""
+
+    def __init__(self, max_bytes: int = PREFETCH_BYTES) -> None:
+        self.max_bytes = max_bytes
+        self._files: collections.OrderedDict[str, bytes] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+
+    def has(self, name: str) -> bool:
+        with self._lock:
+            return name in self._files
+
+    def put(self, name: str, data: bytes) -> None:
+        """Keep ``data`` for ``name`` (dropped when larger than the bound)."""
+        if len(data) > self.max_bytes:
+            return
+        with self._lock:
+            self._files[name] = data
+            while sum(len(d) for d in self._files.values()) > self.max_bytes:
+                self._files.popitem(last=False)
+
+    def pop(self, name: str) -> bytes | None:
+        """The bytes kept for ``name`` (forgotten), or None."""
+        with self._lock:
+            data = self._files.pop(name, None)
+        if data is not None:
+            self.hits += 1
+        return data
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held."""
+        with self._lock:
+            return sum(len(d) for d in self._files.values())
+
+
+def _chain_complete(entry: DiskEntry, index: dict[str, DiskEntry]) -> bool:
+    """True when every parent of ``entry`` is in ``index``, each as long as its child's
+    ``start``."""
+    seen = 0
+    while entry.parent is not None and seen < len(index):
+        parent = index.get(entry.parent)
+        if parent is None or parent.length != entry.start:
+            return False
+        entry, seen = parent, seen + 1
+    return entry.parent is None
+
+
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     """How many leading elements two token arrays share."""
     n = min(a.shape[0], b.shape[0])
@@ -135,6 +207,7 @@ class DiskStore:
         """The index (replaced or changed under ``_index_lock``: the writer thread adds
         and evicts, the engine thread reads)."""
         self._index_lock = threading.Lock()
+        self.prefetched = Prefetched()
         self._seen_mtime: int | None = None
         self._lock = FileLock(str(root / ".lock"), timeout=2.0)
         root.mkdir(parents=True, exist_ok=True)
@@ -182,7 +255,10 @@ class DiskStore:
             path.unlink(missing_ok=True)
             return None
         tokens = np.asarray(meta.tokens, dtype=np.int32)
-        return DiskEntry(path.stem, tokens, meta.data, meta.crc32, meta.nbytes, meta.kind)
+        return DiskEntry(
+            path.stem, tokens, meta.data, meta.crc32, meta.nbytes, meta.kind,
+            meta.start, meta.parent,
+        )  # fmt: skip
 
     def nbytes(self) -> int:
         """Bytes of the indexed entries' data files."""
@@ -197,42 +273,70 @@ class DiskStore:
         """
         limit = tokens.shape[0] - 1
         match = Match()
-        for entry in self.snapshot().values():
+        index = self.snapshot()
+        for entry in index.values():
             k = common_prefix(tokens, entry.tokens)
             if k > match.shared:
                 match.shared, match.nearest_tokens = k, entry.length
-            n = min(k, limit) if trimmable else entry.length if k == entry.length <= limit else 0
-            if n > match.usable:
+            if trimmable:
+                n = min(k, limit) if k > entry.start else 0  # else a parent serves it
+            else:
+                n = entry.length if k == entry.length <= limit else 0
+            if n > match.usable and _chain_complete(entry, index):
                 match.entry, match.usable = entry, n
         return match
+
+    def chain(self, entry: DiskEntry) -> list[DiskEntry]:
+        """``entry`` and its parents, the root first; raises :class:`EntryGone` when a
+        parent is missing (the entry is then deleted: it can never be read)."""
+        index = self.snapshot()
+        out = [entry]
+        while out[-1].parent is not None:
+            parent = index.get(out[-1].parent or "")
+            if parent is None or parent.length != out[-1].start:
+                self.remove(entry)
+                raise EntryGone(entry.key)
+            out.append(parent)
+        return out[::-1]
 
     # -- reading ---------------------------------------------------------------
 
     def read(self, entry: DiskEntry) -> list[Any]:
-        """The entry's per-layer cache, checked against its checksum.
+        """The per-layer cache of the entry's own file, checked against its checksum
+        (from the bytes :meth:`prefetch` read, when it did).
 
         Raises :class:`EntryGone` when the files were deleted meanwhile and
         :class:`CorruptEntry` when they are damaged (the entry is then deleted).
         """
-        data = self.root / entry.data
-        try:
-            crc = file_crc(data)
-        except FileNotFoundError:
-            self._forget(entry.key)
-            raise EntryGone(entry.key) from None
+        data = self.prefetched.pop(entry.data) or self._read_bytes(entry)
+        crc = zlib.crc32(data)
         if crc != entry.crc32:
             self.remove(entry)
             raise CorruptEntry(f"checksum {crc:08x} != {entry.crc32:08x}")
         try:
-            cache = load_prompt_cache(str(data))
-        except FileNotFoundError:
-            self._forget(entry.key)
-            raise EntryGone(entry.key) from None
+            cache = load_prompt_cache(_NamedBytes(data))
         except Exception as exc:
             self.remove(entry)
             raise CorruptEntry(f"unreadable: {exc}") from exc
         self.touch(entry)
         return cache
+
+    def _read_bytes(self, entry: DiskEntry) -> bytes:
+        try:
+            return (self.root / entry.data).read_bytes()
+        except FileNotFoundError:
+            self._forget(entry.key)
+            raise EntryGone(entry.key) from None
+
+    def prefetch(self, entry: DiskEntry) -> None:
+        """Read the files of ``entry`` and its parents into memory (any thread), so that
+        a later :meth:`read` finds them there (within :class:`Prefetched`'s bound)."""
+        try:
+            for link in self.chain(entry):
+                if not self.prefetched.has(link.data):
+                    self.prefetched.put(link.data, self._read_bytes(link))
+        except (EntryGone, OSError):
+            return
 
     def touch(self, entry: DiskEntry) -> None:
         """Mark ``entry`` as recently used (for the size bound's LRU order)."""
@@ -251,8 +355,17 @@ class DiskStore:
         """True when an entry for this key is committed in the folder."""
         return (self.root / (key + META_SUFFIX)).exists()
 
-    def write(self, tokens: Sequence[int], cache: list[Any], kind: str) -> DiskEntry | None:
-        """Store ``cache`` (evaluated arrays, not mutated meanwhile) for ``tokens``.
+    def write(
+        self,
+        tokens: Sequence[int],
+        cache: list[Any],
+        kind: str,
+        start: int = 0,
+        parent: str | None = None,
+    ) -> DiskEntry | None:
+        """Store ``cache`` (evaluated arrays, not mutated meanwhile) for ``tokens``: the
+        state of tokens ``[start, len(tokens))`` on top of the entry ``parent`` (see the
+        module docstring).
 
         Returns the new entry, or None when it was already there. Raises OSError when
         the folder cannot take it (see :data:`FATAL_ERRNOS`).
@@ -272,7 +385,7 @@ class DiskStore:
             raise OSError(errno.EIO, f"could not write {temp.name}: {exc}") from exc
         finally:
             temp.unlink(missing_ok=True)
-        meta = Meta(list(map(int, tokens)), data, crc, nbytes, kind, time.time())
+        meta = Meta(list(map(int, tokens)), data, crc, nbytes, kind, time.time(), start, parent)
         meta_temp = self.root / f".{key}{suffix}{META_SUFFIX}"
         try:
             meta_temp.write_bytes(msgspec.json.encode(meta))
@@ -282,7 +395,8 @@ class DiskStore:
             raise
         finally:
             meta_temp.unlink(missing_ok=True)
-        entry = DiskEntry(key, np.asarray(meta.tokens, dtype=np.int32), data, crc, nbytes, kind)
+        tokens_array = np.asarray(meta.tokens, dtype=np.int32)
+        entry = DiskEntry(key, tokens_array, data, crc, nbytes, kind, start, parent)
         with self._index_lock:
             self.entries[key] = entry
         return entry
@@ -291,7 +405,11 @@ class DiskStore:
         """Delete the entries whose tokens are a prefix of ``entry``'s (a trimmable cache
         serves them from ``entry``, as mlx-lm's LRU does in memory); return how many."""
         dropped = 0
-        for other in self.snapshot().values():
+        index = self.snapshot()
+        parents = {e.parent for e in index.values()}
+        for other in index.values():
+            if other.key in parents:
+                continue  # another entry builds on it
             if other.length < entry.length and common_prefix(other.tokens, entry.tokens) == (
                 other.length
             ):

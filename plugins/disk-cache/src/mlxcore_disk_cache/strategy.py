@@ -1,14 +1,26 @@
-"""The disk tier in front of the built-in in-memory prefix cache.
+"""The disk tier behind the built-in in-memory prefix cache.
 
 Lookups ask memory first and the disk index second, and take whichever covers more of
-the prompt. Every stored entry of at least ``--disk-cache-min-tokens`` (history
-checkpoints and finished sequences) is also written to disk, by a writer thread, from
-the same compact copy memory keeps; so what memory evicts later is already on disk, and
-what a restart loses from memory is found there.
+the prompt; what comes from disk goes into memory too. Every stored entry of at least
+``--disk-cache-min-tokens`` (finished sequences, history checkpoints and, on hybrid
+models, the snapshots taken during prefill) is also written to disk by a writer thread;
+so what memory evicts later is already on disk, and what a restart loses from memory is
+found there.
+
+Behind the built-in radix tree (:class:`~mlxcore.builtin.radix_cache.RadixPrefixCache`)
+an entry holds only the tokens past the deepest entry already on disk that it extends
+(its parent), so the disk, like memory, holds a shared prefix once. Behind the whole-entry
+LRU (models whose cache cannot be cut) entries are whole caches.
+
+While a request waits in the engine's queue, its entry's files are read ahead on a
+thread of their own (:meth:`DiskTieredCache.prefetch`), so admission does not wait for
+the disk.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import copy
 import logging
 import time
 from collections.abc import Sequence
@@ -20,25 +32,45 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
 from mlxcore.builtin.prefix_cache import LookupCounter, LRUPrefixCache
+from mlxcore.builtin.radix_cache import RadixPrefixCache
 from mlxcore.engine.cache_explain import CacheExplanation, explain_lookup
 from mlxcore.engine.kv_quant import KVQuantization
 from mlxcore.engine.memory import compact_cache
+from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.strategies import (
     CacheLookup,
     CacheStats,
     CacheStrategy,
     LayerCache,
 )
-from mlxcore_disk_cache.store import CorruptEntry, DiskEntry, DiskStore, EntryGone, Match
+from mlxcore_disk_cache.chain import file_layers, segment_of, snapshot_of
+from mlxcore_disk_cache.store import (
+    CorruptEntry,
+    DiskEntry,
+    DiskStore,
+    EntryGone,
+    Match,
+    common_prefix,
+    entry_key,
+)
 from mlxcore_disk_cache.writer import DiskWriter
 
 log = logging.getLogger("mlxcore.plugins.disk_cache")
+
+MAX_PENDING_KEYS = 256
+"""How many queued entries are remembered as parents for later ones."""
 
 
 def _arrays(cache: LayerCache) -> list[mx.array]:
     """Every array of a per-layer cache's state."""
     flat: Any = tree_flatten([c.state for c in cache])
     return [item[1] for item in flat if isinstance(item[1], mx.array)]
+
+
+def _storable(tokens: Sequence[int]) -> bool:
+    """True for token ids a disk entry can hold (int32): a media prompt's cache key
+    holds ids derived from its images' hashes, which stay in memory only."""
+    return min(tokens) >= 0 and max(tokens) < 2**31
 
 
 class DiskTieredCache(CacheStrategy):
@@ -49,7 +81,7 @@ class DiskTieredCache(CacheStrategy):
     def __init__(
         self,
         model: Any,
-        memory: LRUPrefixCache,
+        memory: RadixPrefixCache | LRUPrefixCache,
         store: DiskStore | None,
         *,
         min_tokens: int = 512,
@@ -66,17 +98,24 @@ class DiskTieredCache(CacheStrategy):
         self.layout = [type(c).__name__ for c in make_prompt_cache(model)]
         self.kv_quant = kv_quant
         self.trimmable = memory.trimmable
+        self.tree = memory if isinstance(memory, RadixPrefixCache) else None
+        """The memory tier's tree: entries are written as chains (None: whole entries)."""
+        whole = self.trimmable and self.tree is None  # a longer entry replaces its prefixes
         self.writer = (
-            DiskWriter(store, max_pending_bytes, self._turn_off, trimmable=self.trimmable)
+            DiskWriter(store, max_pending_bytes, self._turn_off, trimmable=whole)
             if store is not None
             else None
         )
+        self.pending: dict[str, int] = {}
+        """Entries handed to the writer (key: length), parents for later entries."""
+        self._reader: concurrent.futures.ThreadPoolExecutor | None = None
+        self.prefetches = 0
 
     # -- lookups ---------------------------------------------------------------
 
     def lookup(self, tokens: Sequence[int]) -> CacheLookup:
         found = self.memory.find(tokens)
-        if self.disk is not None and len(tokens) > 1:
+        if self.disk is not None and len(tokens) > 1 and _storable(tokens):
             try:
                 found = self._from_disk(tokens, found) or found
             except Exception:
@@ -96,11 +135,13 @@ class DiskTieredCache(CacheStrategy):
                 found.explanation = self._explain(tokens, found.cached_tokens, match, before.source)
             return None
         start = time.perf_counter()
-        cache = self._load(entry)
+        cache = self._load(entry, usable)
         if cache is None:
             return None
-        if usable < entry.length:
+        if self.tree is None and usable < entry.length:
             trim_prompt_cache(cache, entry.length - usable)
+        if self.tree is not None:
+            self.tree.insert(tokens[:usable], cache)  # later prompts find it in memory
         self.reads += 1
         self.read_bytes += entry.nbytes
         self.read_seconds += time.perf_counter() - start
@@ -137,13 +178,14 @@ class DiskTieredCache(CacheStrategy):
                 return False
         return True
 
-    def _load(self, entry: DiskEntry) -> LayerCache | None:
+    def _load(self, entry: DiskEntry, usable: int) -> LayerCache | None:
+        """The cache of ``entry``'s first ``usable`` tokens (None: it could not be read)."""
         assert self.disk is not None
         try:
-            cache = self.disk.read(entry)
-            if not self._layout_ok(cache):
-                self.disk.remove(entry)
-                raise CorruptEntry("its cache layout is not this model's")
+            if self.tree is None:
+                cache = self._read(entry)
+            else:
+                cache = self._assemble(self.disk.chain(entry), usable)
             mx.eval(_arrays(cache))
         except EntryGone:
             return None
@@ -159,24 +201,129 @@ class DiskTieredCache(CacheStrategy):
             return None
         return list(cache)
 
+    def _read(self, entry: DiskEntry) -> LayerCache:
+        assert self.disk is not None
+        cache = self.disk.read(entry)
+        if not self._layout_ok(cache):
+            self.disk.remove(entry)
+            raise CorruptEntry("its cache layout is not this model's")
+        return cache
+
+    def _assemble(self, chain: list[DiskEntry], usable: int) -> LayerCache:
+        """A sequence's cache from an entry and its parents (root first)."""
+        assert self.tree is not None
+        layout = self.tree.layout
+        segments, snapshot = [], None
+        for link in chain:
+            layers = self._read(link)
+            segments.append(segment_of(layout, layers, link.length - link.start))
+            snapshot = snapshot_of(layout, layers)
+        if layout.recurrent and usable != chain[-1].length:
+            raise CorruptEntry("a recurrent snapshot resumes only where it was taken")
+        return layout.assemble(segments, usable, snapshot)
+
+    # -- reading ahead ---------------------------------------------------------
+
+    def prefetch(self, request: GenerationRequest) -> None:
+        """Read the files of ``request``'s disk entry on the reader thread, when the disk
+        holds more of its prompt than memory."""
+        tokens = request.cache_tokens
+        if self.disk is None or self.tree is None or len(tokens) < 2 or not _storable(tokens):
+            return
+        match = self.disk.closest(np.asarray(tokens, dtype=np.int32), trimmable=self.trimmable)
+        if match.entry is None or match.usable <= self.tree.longest(tokens):
+            return
+        if self._reader is None:
+            self._reader = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix="mlxcore-disk-prefetch"
+            )
+        self._reader.submit(self.disk.prefetch, match.entry)
+        self.prefetches += 1
+
     # -- storing ---------------------------------------------------------------
 
+    def snapshot_points(self, request: GenerationRequest, start: int) -> list[int]:
+        return self.memory.snapshot_points(request, start)
+
     def store(self, tokens: Sequence[int], cache: LayerCache) -> None:
-        self._keep(tokens, cache, "assistant")
+        if self.tree is not None:
+            self._keep_chained(tokens, cache, "sequence")
+        else:
+            self._keep_whole(tokens, cache, "assistant")
 
     def store_checkpoint(self, tokens: Sequence[int], cache: LayerCache) -> None:
-        self._keep(tokens, cache, "user")
+        if self.tree is not None:
+            self._keep_chained(tokens, cache, "checkpoint")
+        else:  # the prefill goes on filling ``cache``: keep a copy
+            self._keep_whole(tokens, copy.deepcopy(cache), "user")
 
-    def _keep(self, tokens: Sequence[int], cache: LayerCache, kind: str) -> None:
+    def _keep_whole(self, tokens: Sequence[int], cache: LayerCache, kind: str) -> None:
+        assert isinstance(self.memory, LRUPrefixCache)
         kept = self.memory.insert(tokens, cache, kind)
         if self.writer is None or len(tokens) < self.min_tokens or not cache:
             return
+        if not _storable(tokens):
+            return
         if kept is None:  # memory is off: the disk gets its own compact copy
             kept = compact_cache(cache)
-        arrays = _arrays(kept)
+        self._submit(tokens, kept, "checkpoint" if kind == "user" else "sequence")
+
+    def _keep_chained(self, tokens: Sequence[int], cache: LayerCache, kind: str) -> None:
+        """Keep ``tokens`` in the tree, and write to disk what the disk lacks of them:
+        the tokens past the deepest entry on disk (or queued) that they extend."""
+        assert self.tree is not None
+        self.tree.insert(tokens, cache)
+        if self.writer is None or len(tokens) < self.min_tokens or not _storable(tokens):
+            return
+        key = entry_key(tokens)
+        if key in self.pending or (self.disk is not None and key in self.disk.entries):
+            return
+        layout = self.tree.layout
+        if not layout.fits(cache, len(tokens)):
+            return
+        parent, start = self._disk_parent(tokens)
+        segment = layout.take_segment(cache, start, len(tokens))
+        snapshot = layout.take_snapshot(cache) if layout.recurrent else None
+        layers = file_layers(layout, segment, snapshot, len(tokens) - start)
+        if self._submit(tokens, layers, kind, start, parent):
+            self.pending[key] = len(tokens)
+            self._forget_written()
+
+    def _forget_written(self) -> None:
+        """Keep :attr:`pending` small: entries on disk are found in its index."""
+        if len(self.pending) <= MAX_PENDING_KEYS or self.disk is None:
+            return
+        index = self.disk.entries
+        self.pending = {k: n for k, n in self.pending.items() if k not in index}
+        while len(self.pending) > MAX_PENDING_KEYS:
+            del self.pending[next(iter(self.pending))]
+
+    def _disk_parent(self, tokens: Sequence[int]) -> tuple[str | None, int]:
+        """The longest entry on disk or queued whose tokens begin ``tokens`` (key,
+        length), or (None, 0)."""
+        best: tuple[str | None, int] = (None, 0)
+        for key, length in self.pending.items():
+            if best[1] < length < len(tokens) and entry_key(tokens[:length]) == key:
+                best = (key, length)
+        if self.disk is not None:
+            prompt = np.asarray(tokens, dtype=np.int32)
+            for entry in self.disk.snapshot().values():
+                length = entry.length
+                if best[1] < length < len(tokens) and (
+                    common_prefix(prompt, entry.tokens) == length
+                ):
+                    best = (entry.key, length)
+        return best
+
+    def _submit(
+        self, tokens: Sequence[int], layers: LayerCache, kind: str, start: int = 0,
+        parent: str | None = None,
+    ) -> bool:  # fmt: skip
+        assert self.writer is not None
+        arrays = _arrays(layers)
         mx.eval(arrays)  # the writer thread must only read finished buffers
         nbytes = sum(a.nbytes for a in arrays)
-        self.writer.submit(tokens, kept, nbytes, "checkpoint" if kind == "user" else "sequence")
+        return self.writer.submit(tokens, layers, nbytes, kind, start, parent)
 
     def _turn_off(self, exc: OSError) -> None:
         """The folder cannot take entries: serve from memory only from now on."""
@@ -199,9 +346,11 @@ class DiskTieredCache(CacheStrategy):
         self.memory.evict(nbytes)
 
     def close(self) -> None:
-        """Write what is queued, then stop the writer."""
+        """Write what is queued, then stop the writer and the reader."""
         if self.writer is not None:
             self.writer.close()
+        if self._reader is not None:
+            self._reader.shutdown(wait=False, cancel_futures=True)
 
     def stats(self) -> CacheStats:
         mem = self.memory.stats()
@@ -218,6 +367,8 @@ class DiskTieredCache(CacheStrategy):
             disk_read_bytes=self.read_bytes,
             disk_read_seconds=self.read_seconds,
             disk_dropped_damaged=self.dropped,
+            disk_prefetches=self.prefetches,
+            disk_prefetch_hits=store.prefetched.hits if store is not None else 0,
         )
         if self.writer is not None:
             w = self.writer.stats
@@ -231,5 +382,8 @@ class DiskTieredCache(CacheStrategy):
                 disk_pending_bytes=self.writer.pending_bytes,
             )
         return self.counter.stats(
-            entries=mem.entries, nbytes=mem.nbytes, capacity_bytes=mem.capacity_bytes, extra=extra
+            entries=mem.entries,
+            nbytes=mem.nbytes,
+            capacity_bytes=mem.capacity_bytes,
+            extra={**mem.extra, **extra},
         )

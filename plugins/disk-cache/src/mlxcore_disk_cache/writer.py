@@ -43,6 +43,8 @@ class _Job:
     cache: list[Any]
     kind: str
     nbytes: int
+    start: int = 0
+    parent: str | None = None
 
 
 class DiskWriter:
@@ -81,15 +83,25 @@ class DiskWriter:
         with self._cond:
             return self._pending
 
-    def submit(self, tokens: Sequence[int], cache: list[Any], nbytes: int, kind: str) -> bool:
-        """Queue an entry; False when it was skipped (closed, or the queue is full)."""
+    def submit(
+        self,
+        tokens: Sequence[int],
+        cache: list[Any],
+        nbytes: int,
+        kind: str,
+        start: int = 0,
+        parent: str | None = None,
+    ) -> bool:
+        """Queue an entry (the state of tokens ``[start, len(tokens))`` on top of the
+        entry ``parent``, see :meth:`DiskStore.write`); False when it was skipped
+        (closed, or the queue is full)."""
         with self._cond:
             if self._closed:
                 return False
             if self._pending + nbytes > self.max_pending_bytes and self._jobs:
                 self.stats.skipped_full_queue += 1
                 return False
-            self._jobs.append(_Job(tuple(tokens), cache, kind, nbytes))
+            self._jobs.append(_Job(tuple(tokens), cache, kind, nbytes, start, parent))
             self._pending += nbytes
             self._cond.notify()
             return True
@@ -137,7 +149,7 @@ class DiskWriter:
     def _write(self, job: _Job) -> None:
         start = time.perf_counter()
         try:
-            entry = self.store.write(job.tokens, job.cache, job.kind)
+            entry = self.store.write(job.tokens, job.cache, job.kind, job.start, job.parent)
             if entry is None:
                 return
             if self.trimmable:
