@@ -170,3 +170,18 @@ def test_models_and_settings_that_cannot_quantize_are_refused(
 def test_a_speculative_decoder_is_refused_not_silently_unquantized(qwen3_5_kv: Path) -> None:
     with pytest.raises(UsageError, match="'qwen35-mtp' decoder does not keep a quantized"):
         make_runtime(qwen3_5_kv, "qwen35-mtp", kv_cache_dtype="int8", kv_group_size=GROUP)
+
+
+def test_a_hybrid_resumed_from_a_snapshot_matches_mlx_lm_with_kv_bits(
+    qwen3_5_kv: Path, runtime: Callable[..., Runtime]
+) -> None:
+    """A hybrid model with int8 keys and values resumes from the snapshot taken where a
+    message starts (at a chunk boundary, as mlx-lm's own prefill chunks fall) with mlx-lm's
+    tokens: the stored segments are quantized as the running cache was."""
+    rt = quantized(qwen3_5_kv, runtime, 8)
+    history = prompts(6, 1, 600, 601)[0]
+    submit_together(rt, [GenerationRequest(history, 4, boundaries=(320,))])
+    side = GenerationRequest((*history[:340], *range(900, 930)), 10)
+    (res,) = submit_together(rt, [side])
+    assert res.finish is not None and res.finish.usage.cached_tokens == 320
+    assert_matches_mlx_lm(rt, side, res, **mlx_lm_args(8))

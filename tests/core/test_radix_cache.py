@@ -106,7 +106,7 @@ def test_snapshot_points_keep_a_gap_and_fall_on_multiples_of_the_interval(
     models: dict[str, Any],
 ) -> None:
     cache = RadixPrefixCache(models["hybrid"], "100000")
-    assert cache.gap >= 256 and cache.interval % 2048 == 0
+    assert cache.gap >= 256 and cache.interval % 2048 == 0 and cache.interval >= 4 * cache.gap
     length = 3 * cache.interval + 100
     boundaries = (10, 200, 300, 350, cache.interval - 5, cache.interval + 700, length - 1)
     request = GenerationRequest(tuple(range(length)), boundaries=boundaries)
