@@ -13,7 +13,7 @@ from __future__ import annotations
 import collections
 import copy
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -100,7 +100,7 @@ class _EvictionLog(LRUPromptCache.CacheOrder):
 
     def pop(self) -> Any:
         model, tokens = super().pop()
-        self.evicted.append(np.asarray(tokens, dtype=np.int32))
+        self.evicted.append(np.asarray(tokens, dtype=np.int64))
         while sum(t.shape[0] for t in self.evicted) > EVICTED_MEMORY_TOKENS:
             self.evicted.popleft()
         return model, tokens
@@ -129,17 +129,20 @@ class _ExplainedLRU(LRUPromptCache):
 
     def closest_evicted(self, tokens: list[int]) -> tuple[int, int]:
         """Like :meth:`closest` over the remembered evicted entries."""
-        if not self.evicted:
-            return 0, 0
-        prompt = np.asarray(tokens, dtype=np.int32)
-        best = (0, 0)
-        for entry in self.evicted:
-            n = min(prompt.shape[0], entry.shape[0])
-            differ = np.flatnonzero(prompt[:n] != entry[:n])
-            shared = int(differ[0]) if differ.size else n
-            if shared > best[1]:
-                best = (int(entry.shape[0]), shared)
-        return best
+        return closest_of(self.evicted, np.asarray(tokens, dtype=np.int64))
+
+
+def closest_of(entries: Iterable[np.ndarray], prompt: np.ndarray) -> tuple[int, int]:
+    """``(entry_tokens, shared)``: the length of the entry among ``entries`` sharing the
+    longest prefix with ``prompt``, and that prefix's length ((0, 0) when none)."""
+    best = (0, 0)
+    for entry in entries:
+        n = min(prompt.shape[0], entry.shape[0])
+        differ = np.flatnonzero(prompt[:n] != entry[:n])
+        shared = int(differ[0]) if differ.size else n
+        if shared > best[1]:
+            best = (int(entry.shape[0]), shared)
+    return best
 
 
 UNBOUNDED_BYTES = 1 << 62

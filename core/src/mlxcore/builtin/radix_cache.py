@@ -36,6 +36,7 @@ from mlxcore.builtin.prefix_cache import (
     UNBOUNDED_BYTES,
     LookupCounter,
     LRUPrefixCache,
+    closest_of,
     parse_cache_size,
 )
 from mlxcore.engine.cache_explain import CacheExplanation, explain_lookup
@@ -158,7 +159,7 @@ class RadixPrefixCache(CacheStrategy):
         return self.tree.match(np.asarray(tokens, dtype=np.int64)).shared
 
     def _explain(self, prompt: np.ndarray, cached: int, match: PathMatch) -> CacheExplanation:
-        evicted, evicted_shared = self._closest_evicted(prompt)
+        evicted, evicted_shared = closest_of(self.evicted, prompt)
         return explain_lookup(
             len(prompt),
             cached,
@@ -175,16 +176,6 @@ class RadixPrefixCache(CacheStrategy):
         self.evicted.append(leaf.path_tokens())
         while sum(t.shape[0] for t in self.evicted) > EVICTED_MEMORY_TOKENS:
             self.evicted.popleft()
-
-    def _closest_evicted(self, prompt: np.ndarray) -> tuple[int, int]:
-        best = (0, 0)
-        for entry in self.evicted:
-            n = min(prompt.shape[0], entry.shape[0])
-            differ = np.flatnonzero(prompt[:n] != entry[:n])
-            shared = int(differ[0]) if differ.size else n
-            if shared > best[1]:
-                best = (int(entry.shape[0]), shared)
-        return best
 
     # -- snapshots -------------------------------------------------------------------
 

@@ -68,6 +68,18 @@ class KVPart:
             values=tuple(mx.array(a[..., start:stop, :]) for a in self.values),
         )
 
+    def as_layer(self, length: int) -> Any:
+        """An mlx-lm cache layer (``KVCache``, or ``QuantizedKVCache`` when quantized)
+        whose first ``length`` tokens are this part's (the arrays are shared)."""
+        if self.bits is not None:
+            layer: Any = QuantizedKVCache(group_size=self.group_size or 64, bits=self.bits)
+            layer.keys, layer.values = self.keys, self.values
+        else:
+            layer = KVCache()
+            layer.keys, layer.values = self.keys[0], self.values[0]
+        layer.offset = length
+        return layer
+
     def quantized(self, bits: int, group_size: int) -> KVPart:
         """This part quantized (itself when it already is). ``mx.quantize`` works on
         groups of one token's head dimension, so a part quantized alone equals the same
@@ -245,28 +257,9 @@ def join_parts(parts: Sequence[KVPart]) -> KVPart:
     return KVPart(keys, values, parts[0].bits, parts[0].group_size)
 
 
-def join_segments(segments: Sequence[Segment]) -> Segment:
-    """Consecutive segments as one (joined, not yet evaluated)."""
-    out: Segment = []
-    for i, first in enumerate(segments[0]):
-        if first is None:
-            out.append(None)
-            continue
-        out.append(join_parts([s[i] for s in segments]))  # type: ignore[misc]
-    return out
-
-
 def _kv_layer(parts: list[KVPart], length: int) -> Any:
     """One attention layer's cache from consecutive parts (quantized when any is)."""
-    joined = join_parts(parts)
-    if joined.bits is not None:
-        layer: Any = QuantizedKVCache(group_size=joined.group_size or 64, bits=joined.bits)
-        layer.keys, layer.values = joined.keys, joined.values
-    else:
-        layer = KVCache()
-        layer.keys, layer.values = joined.keys[0], joined.values[0]
-    layer.offset = length
-    return layer
+    return join_parts(parts).as_layer(length)
 
 
 def _join(arrays: list[mx.array]) -> mx.array:

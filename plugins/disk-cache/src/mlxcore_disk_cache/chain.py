@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlx_lm.models.cache import KVCache, QuantizedKVCache
+from mlx_lm.models.cache import QuantizedKVCache
 
 from mlxcore.engine.cache_segments import KV, STATE, CacheLayout, KVPart, Segment, Snapshot
 from mlxcore_disk_cache.store import CorruptEntry
@@ -32,14 +32,7 @@ def file_layers(
             continue
         part = segment[i]
         assert part is not None and part.length == length
-        if part.bits is not None:
-            layer: Any = QuantizedKVCache(group_size=part.group_size or 64, bits=part.bits)
-            layer.keys, layer.values = part.keys, part.values
-        else:
-            layer = KVCache()
-            layer.keys, layer.values = part.keys[0], part.values[0]
-        layer.offset = length
-        out.append(layer)
+        out.append(part.as_layer(length))
     return out
 
 
