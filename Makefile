@@ -10,7 +10,7 @@ PY := .venv/bin/python
 export UV_PYTHON_DOWNLOADS := never
 PYTEST_ARGS ?=
 
-.PHONY: setup serve generate test lint typecheck docs bench reliability agents-e2e clean
+.PHONY: setup serve generate test lint typecheck docs bench reliability agents-e2e agent-sessions clean
 
 $(UV):
 	python3 -m venv .tools/uv
@@ -52,6 +52,11 @@ reliability: setup
 # server (not part of `make test`); LATEST=1 uses the newest versions. See docs/agents.md.
 agents-e2e: setup
 	$(PY) scripts/agents_e2e.py
+
+# Multi-turn sessions of the same CLIs, request by request: prompt, prefix shared with any
+# earlier request, cached tokens, TTFT (ARGS="--model qwen3" for the dense test model).
+agent-sessions: setup
+	$(PY) scripts/agent_sessions.py $(ARGS)
 
 clean:
 	rm -rf .venv .tools .pytest_cache .mypy_cache .ruff_cache
