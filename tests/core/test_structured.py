@@ -275,6 +275,35 @@ def test_processor_waits_for_start_after(rt: Runtime) -> None:
     assert proc.active and tok.encode("{")[0] in after and tok.encode("hmm")[0] not in after
 
 
+def test_processor_constrains_from_the_first_token_unless_the_model_opens_its_reasoning(
+    rt: Runtime,
+) -> None:
+    """A reasoning model whose prompt did not open a think block: JSON from the first
+    token, with the opening tag offered beside it; once the model opens the block the
+    output is free until it closes; a rollback to the start restores both choices."""
+    tok = rt.tokenizer
+    (opener,) = tok.encode("<think>", add_special_tokens=False)
+    think_end = tok.encode("</think>", add_special_tokens=False)
+    logits = mx.zeros((1, len(tok.vocab)))
+    brace, hmm = tok.encode("{")[0], tok.encode("hmm")[0]
+
+    plain = make_processor(tok, JsonObject(), start_after=think_end, may_open=opener)
+    first = allowed(plain(mx.array([7, 8]), logits))
+    assert brace in first and opener in first and hmm not in first
+    assert opener not in allowed(plain(mx.array([7, 8, brace]), logits))  # only at the start
+
+    thinking = make_processor(tok, JsonObject(), start_after=think_end, may_open=opener)
+    thinking(mx.array([7, 8]), logits)
+    context = [7, 8, opener, hmm]
+    assert len(allowed(thinking(mx.array(context), logits))) == len(tok.vocab)  # free
+    assert not thinking.active
+    context += think_end
+    after = allowed(thinking(mx.array(context), logits))
+    assert thinking.active and brace in after and hmm not in after
+    back = allowed(thinking(mx.array([7, 8]), logits))  # rolled back to the start
+    assert thinking.active and brace in back and opener in back and hmm not in back
+
+
 def test_compiled_state_is_cached(rt: Runtime) -> None:
     compiled = compiled_tokenizer(rt.tokenizer)
     assert compiled_tokenizer(rt.tokenizer) is compiled
@@ -293,6 +322,21 @@ def test_compiled_state_is_cached(rt: Runtime) -> None:
         (JsonSchema({"type": "foo"}), "Invalid type: foo"),
         (JsonSchema({"properties": {"a": {"$ref": "#/$defs/Nope"}}}), "/$defs/Nope"),
         (JsonSchema({"type": "integer", "minimum": 5, "maximum": 1}), "Unsatisfiable"),
+        (
+            JsonSchema({"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}),
+            "no finite instance: # requires itself",
+        ),
+        (
+            JsonSchema(
+                {
+                    "$defs": {
+                        "n": {"type": "array", "items": {"$ref": "#/$defs/n"}, "minItems": 1}
+                    },
+                    "$ref": "#/$defs/n",
+                }
+            ),
+            "no finite instance: #/$defs/n",
+        ),
         (JsonSchema({"type": "string", "pattern": "(["}), "unclosed character class"),
         (JsonSchema({"type": "array", "uniqueItems": True}), "uniqueItems"),
         (JsonSchema({"type": "string", "format": "my-format"}), "Unknown format"),
@@ -303,7 +347,7 @@ def test_compiled_state_is_cached(rt: Runtime) -> None:
     ],
 )
 def test_validate_rejects_broken_constraints(constraint: Any, message: str) -> None:
-    with pytest.raises(ConstraintError, match=r"invalid|must|not JSON") as err:
+    with pytest.raises(ConstraintError, match=r"invalid|must|not JSON|no finite") as err:
         validate(constraint)
     assert message in str(err.value)
 
@@ -312,6 +356,12 @@ def test_validate_accepts_what_it_can_enforce() -> None:
     validate(JsonSchema(PERSON))
     validate(JsonSchema({"type": "array", "uniqueItems": True}, lenient=True))
     validate(LarkGrammar('start: "a"+'))
+    tree = {"$defs": {"t": {"type": "object", "properties": {"kids": {
+        "type": "array", "items": {"$ref": "#/$defs/t"}}}, "required": ["kids"]}},
+        "$ref": "#/$defs/t"}  # fmt: skip
+    validate(JsonSchema(tree))  # recursion that can stop (an empty list) is fine
+    validate(JsonSchema({"anyOf": [{"type": "null"}, {"type": "object", "properties": {
+        "next": {"$ref": "#"}}, "required": ["next"]}]}))  # fmt: skip
     loose = {"type": "json_schema", "json_schema": {"schema": {"uniqueItems": True}}}
     assert from_response_format(loose) == JsonSchema({"uniqueItems": True}, lenient=True)
     loose["json_schema"]["strict"] = True

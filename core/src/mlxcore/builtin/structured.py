@@ -10,7 +10,10 @@ Options read:
 * ``"constraint"``: a :data:`mlxcore.structured.Constraint` (``JsonObject()``,
   ``JsonSchema(schema)``, ``Regex(pattern)``, ``LarkGrammar(text)``);
 * ``"constraint_start_after"``: optional text (e.g. ``"</think>"``) that must appear in
-  the output before the constraint starts, so a reasoning model can think first.
+  the output before the constraint starts, so a reasoning model can think first;
+* ``"constraint_may_open"``: optional text (``"<think>"``): with it the constraint holds
+  from the first token unless the output opens with this (one-token) text, and only
+  then waits for the start-after text (a model that may or may not think).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.strategies import LogitsProcessor
 from mlxcore.model_info import ModelInfo
 from mlxcore.structured import (
+    MAY_OPEN_OPTION,
     OPTION,
     START_AFTER_OPTION,
     JsonObject,
@@ -50,12 +54,18 @@ def mlxcore_logits_processors(
     if info.tokenizer is None:
         raise RuntimeError("constrained decoding needs the model's tokenizer (info.tokenizer)")
     start_after = _start_ids(info.tokenizer, request.options.get(START_AFTER_OPTION))
+    opener = _start_ids(info.tokenizer, request.options.get(MAY_OPEN_OPTION))
+    if opener and len(opener) != 1:
+        # only a one-token opener (a special token) can be offered beside the grammar; a
+        # model whose tag is plain text cannot open a block: constrained from the start
+        start_after, opener = [], []
     return [
         make_processor(
             info.tokenizer,
             constraint,
             prompt_len=len(request.prompt_tokens),
             start_after=start_after,
+            may_open=opener[0] if opener else None,
         )
     ]
 

@@ -30,7 +30,7 @@ from mlxcore.server.errors import APIError, invalid
 from mlxcore.server.frontend import validated_options, warn_once
 from mlxcore.server.service import Generation, GenerationService
 
-RESERVED_OPTIONS = (structured.OPTION, structured.START_AFTER_OPTION)
+RESERVED_OPTIONS = (structured.OPTION, structured.START_AFTER_OPTION, structured.MAY_OPEN_OPTION)
 """Engine options only the builder sets (never taken from a client's body)."""
 
 
@@ -165,11 +165,23 @@ def generation_budget(
     return value
 
 
-def _thinks_first(svc: GenerationService, prompt: ChatPrompt | TextPrompt) -> bool:
-    """The model may reason before its answer (a constraint starts after ``</think>``)."""
-    if not isinstance(prompt, ChatPrompt) or svc.runtime.parsers.reasoning is None:
-        return False
-    return prompt.template_kwargs.get("enable_thinking") is not False
+def reasoning_gate(
+    svc: GenerationService, prompt: ChatPrompt | TextPrompt, text: str
+) -> dict[str, str]:
+    """Options that let a constraint hold whether or not the model thinks first: free
+    until the think block closes when the rendered prompt opened one; else constrained
+    from the first token, unless the output opens a block there. Empty without a
+    reasoning parser, for raw prompts, or with thinking turned off."""
+    parser = svc.runtime.parsers.reasoning
+    if not isinstance(prompt, ChatPrompt) or parser is None:
+        return {}
+    if prompt.template_kwargs.get("enable_thinking") is False:
+        return {}
+    close = str(getattr(parser, "close_tag", "</think>"))
+    if parser.prompt_opens_reasoning(text):
+        return {structured.START_AFTER_OPTION: close}
+    opener = str(getattr(parser, "open_tag", "<think>"))
+    return {structured.START_AFTER_OPTION: close, structured.MAY_OPEN_OPTION: opener}
 
 
 def with_server_defaults(svc: GenerationService, prompt: ChatPrompt) -> ChatPrompt:
@@ -213,8 +225,7 @@ def build_generations(svc: GenerationService, spec: RequestSpec) -> list[Generat
     options = dict(plugin_options)
     if spec.constraint is not None:
         options[structured.OPTION] = spec.constraint.value
-        if _thinks_first(svc, spec.prompt):
-            options[structured.START_AFTER_OPTION] = "</think>"
+        options.update(reasoning_gate(svc, spec.prompt, prompt.text))
     tools = spec.prompt.tools if isinstance(spec.prompt, ChatPrompt) else None
     factory = spec.constraint.tool_parser if spec.constraint else None
     gens = []

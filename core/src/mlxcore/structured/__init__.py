@@ -49,7 +49,13 @@ OPTION = "constraint"
 START_AFTER_OPTION = "constraint_start_after"
 """Optional ``options`` key: text (e.g. ``"</think>"``) after which the constraint starts."""
 
+MAY_OPEN_OPTION = "constraint_may_open"
+"""Optional ``options`` key, with :data:`START_AFTER_OPTION`: text (e.g. ``"<think>"``)
+the output may begin with instead of constrained text, opening a free block that ends
+with the start-after text. Without it the constraint waits for the start-after text."""
+
 __all__ = [
+    "MAY_OPEN_OPTION",
     "OPTION",
     "START_AFTER_OPTION",
     "CompiledTokenizer",

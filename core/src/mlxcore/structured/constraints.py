@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import attrs
 import llguidance
 
+from mlxcore.structured.finite import infinite_path
+
 if TYPE_CHECKING:
     from llguidance._lib import JsonCompileOptions
 
@@ -32,8 +34,13 @@ JSON_SEPARATORS = (", ", ": ")
 class ConstraintError(ValueError):
     """A constraint that cannot be used (bad schema, unsupported keyword, bad regex).
 
-    The message names what is wrong; front ends answer it with HTTP 400.
+    The message names what is wrong; front ends answer it with HTTP 400, naming
+    :attr:`field` when it is set (e.g. ``tools[2].function.parameters``).
     """
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 @attrs.frozen
@@ -184,6 +191,12 @@ def _schema_text(constraint: JsonSchema) -> str:
     schema = constraint.schema
     if not isinstance(schema, Mapping):
         raise ConstraintError(f"a JSON schema must be an object, got {type(schema).__name__}")
+    where = infinite_path(schema)
+    if where is not None:
+        raise ConstraintError(
+            f"the JSON schema has no finite instance: {where} requires itself without end "
+            "(let the recursion stop: make that property optional, or allow an empty array)"
+        )
     if not constraint.extra_properties:
         schema = close_objects(schema)
     try:

@@ -64,6 +64,9 @@ class ConstrainedProcessor:
         start_after: token ids that open the constrained part: until they appear in
             the output, generation is free (e.g. the ids of ``</think>`` to let a
             reasoning model think first). Empty means constrain from the start.
+        may_open: a token that may instead open a free block at the first output
+            position (the id of ``<think>``): constrained from the first token, unless
+            the model opens its reasoning there; then free until ``start_after``.
     """
 
     __name__ = "structured output"
@@ -76,13 +79,16 @@ class ConstrainedProcessor:
         *,
         prompt_len: int | None = None,
         start_after: Sequence[int] = (),
+        may_open: int | None = None,
     ) -> None:
         self.matcher = matcher
         self.compiled = compiled
         self.what = what
         self.start_after = list(start_after)
+        self.may_open = may_open if self.start_after else None
         self.generated: list[int] = []
-        self.active_from: int | None = None if self.start_after else 0
+        self._initial: int | None = 0 if not self.start_after or self.may_open is not None else None
+        self.active_from: int | None = self._initial
         """Index in ``generated`` where the constrained part starts (``None``: not yet)."""
         self._seen = prompt_len
         self._words: np.ndarray | None = None
@@ -145,6 +151,11 @@ class ConstrainedProcessor:
 
     def _advance(self, new: list[int]) -> None:
         for token in new:
+            if not self.generated and token == self.may_open and self.active_from == 0:
+                self.generated.append(token)  # the model opened its reasoning: free now
+                self.active_from = None
+                self._mask = None
+                continue
             self.generated.append(token)
             if self.active_from is None:
                 tail = self.generated[-len(self.start_after) :]
@@ -170,6 +181,9 @@ class ConstrainedProcessor:
         del self.generated[len(self.generated) - count :]
         if self.active_from is not None and len(self.generated) < self.active_from:
             self.active_from = None if self.start_after else 0
+        if not self.generated:
+            self.active_from = self._initial
+            self._mask = None
 
     def _current_mask(self, width: int) -> mx.array:
         if self._mask is None:
@@ -180,7 +194,11 @@ class ConstrainedProcessor:
             self.matcher.unsafe_compute_mask_ptr(self._words.ctypes.data, filled)
             if self.matcher.is_error():
                 raise ConstraintViolation(f"the {self.what} matcher failed: {self._error()}")
-            self._mask = mx.array(self._words)
+            words = self._words
+            if self.may_open is not None and not self.generated:
+                words = words.copy()  # the first token may also open the reasoning
+                words.view(np.uint32)[self.may_open // 32] |= np.uint32(1 << (self.may_open % 32))
+            self._mask = mx.array(words)
         return self._mask
 
     def _error(self) -> str:
@@ -205,6 +223,7 @@ def make_processor(
     *,
     prompt_len: int | None = None,
     start_after: Sequence[int] = (),
+    may_open: int | None = None,
 ) -> ConstrainedProcessor:
     """A fresh processor enforcing ``constraint`` for one request.
 
@@ -215,6 +234,7 @@ def make_processor(
             :class:`~mlxcore.structured.constraints.ConstraintError`).
         prompt_len: the prompt length (see :class:`ConstrainedProcessor`).
         start_after: token ids after which the constraint starts (see there).
+        may_open: a token that may open a free block first (see there).
     """
     compiled = compiled_tokenizer(tokenizer)
     return ConstrainedProcessor(
@@ -223,4 +243,5 @@ def make_processor(
         constraint.describe(),
         prompt_len=prompt_len,
         start_after=start_after,
+        may_open=may_open,
     )

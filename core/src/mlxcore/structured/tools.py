@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from mlxcore.parsers.base import ParsedDelta, ToolCall, ToolParser
 from mlxcore.structured.constraints import ConstraintError, JsonSchema, validate
+from mlxcore.structured.finite import infinite_path
 
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 """The schema of a function declared without ``parameters``."""
@@ -36,19 +37,31 @@ def _functions(tools: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any
         fn = tool.get("function", tool) if isinstance(tool, Mapping) else None
         name = fn.get("name") if isinstance(fn, Mapping) else None
         if not isinstance(fn, Mapping) or not isinstance(name, str) or not name:
-            raise ConstraintError(f"tools[{i}] has no function name")
+            raise ConstraintError(f"tools[{i}] has no function name", f"tools[{i}]")
         if name in out:
-            raise ConstraintError(f"tools[{i}]: the function name {name!r} is declared twice")
+            raise ConstraintError(
+                f"tools[{i}]: the function name {name!r} is declared twice", f"tools[{i}]"
+            )
         out[name] = fn
     return out
 
 
-def _parameters(name: str, fn: Mapping[str, Any]) -> Mapping[str, Any]:
+def _parameters(name: str, fn: Mapping[str, Any], index: int) -> Mapping[str, Any]:
     params = fn.get("parameters")
+    field = f"tools[{index}].function.parameters"
     if params is None:
         return EMPTY_PARAMETERS
     if not isinstance(params, Mapping):
-        raise ConstraintError(f"the parameters of function {name!r} must be a JSON schema object")
+        raise ConstraintError(
+            f"the parameters of function {name!r} must be a JSON schema object", field
+        )
+    where = infinite_path(params)
+    if where is not None:
+        raise ConstraintError(
+            f"the parameters of function {name!r} have no finite instance: {where} requires "
+            "itself without end",
+            field,
+        )
     return params
 
 
@@ -61,7 +74,7 @@ def named_tool_schema(tools: Sequence[Mapping[str, Any]], name: str) -> dict[str
     if name not in functions:
         known = ", ".join(sorted(functions)) or "none"
         raise ConstraintError(f"tool_choice names function {name!r}, not in tools ({known})")
-    return dict(_parameters(name, functions[name]))
+    return dict(_parameters(name, functions[name], list(functions).index(name)))
 
 
 def required_tools_schema(
@@ -80,8 +93,8 @@ def required_tools_schema(
         raise ConstraintError("tool_choice 'required' needs at least one tool")
     defs: dict[str, Any] = {}
     items = []
-    for name, fn in functions.items():
-        params = dict(_parameters(name, fn))
+    for index, (name, fn) in enumerate(functions.items()):
+        params = dict(_parameters(name, fn, index))
         for key in ("$defs", "definitions"):
             found = params.pop(key, None)
             if found is None:

@@ -8,6 +8,9 @@ then the end-of-sequence token. Everything else is the real path: the real
 model runs every forward pass, the engine batches and samples, and the output
 pipeline parses what comes out, streaming and non-streaming.
 
+``"test_script_then": "free"`` stops forcing after the text instead of forcing the
+end-of-sequence token (the model, and other processors such as a constraint, go on).
+
 ``--test-script TEXT`` scripts every request that carries no script of its own: how the
 agent end-to-end tests (``make agents-e2e``) make a random model answer a real client
 (Codex, Claude Code) with a short, finished reply. ``--test-record FILE`` appends each
@@ -32,6 +35,7 @@ from mlxcore.model_info import ModelInfo
 from mlxcore.settings import add_flags, read_settings, setting
 
 OPTION = "test_script"
+THEN_OPTION = "test_script_then"
 
 
 @attrs.frozen
@@ -63,13 +67,18 @@ _record_lock = threading.Lock()
 class ScriptProcessor:
     """Forces ``script`` token by token after the prompt, then EOS forever."""
 
-    def __init__(self, script: list[int], prompt_length: int, eos: int) -> None:
+    def __init__(
+        self, script: list[int], prompt_length: int, eos: int, free_after: bool = False
+    ) -> None:
         self.script = script
         self.prompt_length = prompt_length
         self.eos = eos
+        self.free_after = free_after
 
     def __call__(self, tokens: Any, logits: Any) -> Any:
         position = int(tokens.shape[-1]) - self.prompt_length
+        if self.free_after and position >= len(self.script):
+            return logits
         target = self.script[position] if 0 <= position < len(self.script) else self.eos
         forced = mx.full(logits.shape, -1e9, dtype=logits.dtype)
         return forced.at[..., target].add(1e9 + 1.0)
@@ -94,6 +103,8 @@ def mlxcore_validate_options(options: dict[str, Any]) -> None:
     """``test_script`` must be text."""
     if OPTION in options and not isinstance(options[OPTION], str):
         raise OptionError(OPTION, "must be a string")
+    if options.get(THEN_OPTION, "eos") not in ("eos", "free"):
+        raise OptionError(THEN_OPTION, "must be eos or free")
 
 
 @hookimpl
@@ -109,4 +120,5 @@ def mlxcore_logits_processors(request: GenerationRequest, info: ModelInfo) -> li
         return None
     script = list(info.tokenizer.encode(text, add_special_tokens=False))
     eos = min(info.eos_token_ids) if info.eos_token_ids else 0
-    return [ScriptProcessor(script, len(request.prompt_tokens), eos)]
+    free = request.options.get(THEN_OPTION) == "free"
+    return [ScriptProcessor(script, len(request.prompt_tokens), eos, free)]

@@ -104,7 +104,7 @@ def _forced_tool_choice(
             tools, openai_choice, parallel=not choice.disable_parallel_tool_use
         )
     except structured.ConstraintError as exc:
-        raise invalid(str(exc), "tool_choice") from None
+        raise invalid(str(exc), exc.field or "tool_choice") from None
     if forced is None:
         return None
     value, parser = forced

@@ -8,6 +8,7 @@ from typing import Any
 
 from litestar import Request, Response, post
 
+from mlxcore import structured
 from mlxcore.builtin.openai import convert
 from mlxcore.builtin.openai.encode import (
     SSE_DONE,
@@ -21,7 +22,7 @@ from mlxcore.builtin.openai.encode import (
 from mlxcore.builtin.openai.schemas import CompletionRequest
 from mlxcore.output import OutputDelta
 from mlxcore.server import builder
-from mlxcore.server.builder import RequestSpec, TextPrompt
+from mlxcore.server.builder import Constraint, RequestSpec, TextPrompt
 from mlxcore.server.errors import invalid
 from mlxcore.server.frontend import (
     decode_request,
@@ -60,9 +61,14 @@ def request_spec(
         logprobs=body.logprobs is not None,
         top_logprobs=top,
     )
+    try:  # vLLM's extension: the text is JSON (by schema) too
+        value = structured.from_response_format(body.response_format)
+    except structured.ConstraintError as exc:
+        raise invalid(str(exc), exc.field or "response_format") from None
     return RequestSpec(
         prompt=prompt,
         sampling=sampling,
+        constraint=None if value is None else Constraint(value),
         new_id=lambda: new_id("cmpl"),
         max_tokens=body.max_tokens,
         default_max_tokens=16,  # OpenAI's default for this API

@@ -237,7 +237,7 @@ def constraint(body: ChatCompletionRequest) -> Constraint | None:
         )
         value = forced[0] if forced else structured.from_response_format(body.response_format)
     except structured.ConstraintError as exc:
-        field = (
+        field = exc.field or (
             "tool_choice" if body.tool_choice not in (None, "auto", "none") else "response_format"
         )
         raise invalid(str(exc), field) from None

@@ -66,3 +66,4 @@ class CompletionRequest(SamplingFields, kw_only=True):
     logprobs: int | None = None
     echo: bool = False
     suffix: str | None = None
+    response_format: dict[str, Any] | None = None
