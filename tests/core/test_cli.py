@@ -38,6 +38,7 @@ def test_version_and_help() -> None:
         "--served-model-name",
         "--max-num-seqs",
         "--tool-call-parser",
+        "--enable-auto-tool-choice",  # vLLM's, accepted (tool calls need only the parser)
         "--host",
         "--plugin",
     ):

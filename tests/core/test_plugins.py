@@ -64,6 +64,17 @@ def test_factory_returns_independent_managers() -> None:
     assert first.get_plugins() and not second.get_plugins()
 
 
+def test_plugins_declare_the_request_fields_they_read() -> None:
+    """``mlxcore_request_options``: what is read is known, so the rest can be reported."""
+    pm = create_plugin_manager()
+    load_plugins(
+        pm, PluginSelection(enable=("mlxcore.testing.scripted", "specprefill"), autoload=False)
+    )
+    known = PluginHooks(pm).request_options()
+    assert {"speculative", "explain_cache", "batched_prefill", "test_script"} <= known
+    assert "specprefill" in known and "surely_unknown" not in known
+
+
 def test_builtins_registered_first_and_offer_defaults() -> None:
     pm = create_plugin_manager()
     loaded = load_plugins(pm, PluginSelection(autoload=False))

@@ -145,6 +145,11 @@ class ServerConfig:
         help='chat template variables for requests that do not set them, e.g. '
         '\'{"enable_thinking": false}\' (a request\'s own chat_template_kwargs win)',
     )  # fmt: skip
+    enable_auto_tool_choice: bool = setting(
+        False, flag="--enable-auto-tool-choice", group=PARSERS, action="store_true",
+        help="accepted for vLLM's command lines; tool calls are always parsed when the model "
+        "has a tool parser (--tool-call-parser), so it changes nothing",
+    )  # fmt: skip
     refuse_unrenderable_tools: bool = setting(
         False, flag="--refuse-unrenderable-tools", group=PARSERS, action="store_true",
         help="answer 400 to a request with tools when the model's chat template cannot show "

@@ -151,6 +151,11 @@ class PluginHooks:
         is a :class:`PluginError`."""
         self._call("mlxcore_validate_options", options=options, config=config)
 
+    def request_options(self) -> frozenset[str]:
+        """Every request field the plugins declared they read (``mlxcore_request_options``)."""
+        answers = self._call("mlxcore_request_options")
+        return frozenset(name for names in answers.values() for name in names)
+
     def logits_processors(
         self, request: GenerationRequest, info: ModelInfo
     ) -> list[LogitsProcessor]:

@@ -301,6 +301,23 @@ def mlxcore_validate_options(options: dict[str, Any], config: ServerConfig) -> N
 
 
 @hookspec
+def mlxcore_request_options() -> list[str] | None:
+    """Name the top-level request body fields this plugin reads (its per-request options).
+
+    When: once per loaded model, when the first request is built. A body field that no
+    API schema defines and no plugin names here is reported (a warning once per field
+    name: "not known to this server or its plugins; ignored") instead of being dropped
+    in silence; declare every field your plugin reads from ``GenerationRequest.options``.
+
+    Example::
+
+        @hookimpl
+        def mlxcore_request_options():
+            return ["specprefill"]
+    """
+
+
+@hookspec
 def mlxcore_routes(config: ServerConfig) -> list[Any] | None:
     """Offer extra HTTP route handlers (Litestar handlers or controllers).
 

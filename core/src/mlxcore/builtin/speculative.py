@@ -72,6 +72,12 @@ def mlxcore_configure(config: ServerConfig) -> None:
 
 
 @hookimpl
+def mlxcore_request_options() -> list[str]:
+    """``"speculative"``: false turns speculative decoding off for one request."""
+    return [SPECULATIVE_OPTION]
+
+
+@hookimpl
 def mlxcore_validate_options(options: dict[str, Any], config: ServerConfig) -> None:
     """``"speculative"`` must be a boolean."""
     value = options.get(SPECULATIVE_OPTION)

@@ -112,6 +112,12 @@ class ChunkedPrefill(PrefillStrategy):
 
 
 @hookimpl
+def mlxcore_request_options() -> list[str]:
+    """The core's own request fields: ``batched_prefill``, ``explain_cache``."""
+    return [BATCH_OPTION, EXPLAIN_OPTION]
+
+
+@hookimpl
 def mlxcore_validate_options(options: dict[str, Any], config: ServerConfig) -> None:
     """The core's own request options are booleans: ``batched_prefill``, ``explain_cache``."""
     for name in (BATCH_OPTION, EXPLAIN_OPTION):

@@ -220,8 +220,10 @@ class BatchLoop:
         self.live[handle.uid] = live
         try:
             live.sampler = make_sampler(req.sampling)
-            live.processors = make_processors(req.sampling) + self.parts.processors_for(req)
-            live.stop_ids = self.eos_token_ids | req.stop_token_ids
+            eos = frozenset() if req.sampling.ignore_eos else self.eos_token_ids
+            live.stop_ids = eos | req.stop_token_ids
+            live.processors = make_processors(req, self.eos_token_ids | req.stop_token_ids)
+            live.processors += self.parts.processors_for(req)
             if req.cache_key is not None and len(req.cache_key) != len(req.prompt_tokens):
                 raise ValueError("cache_key must be as long as the prompt")
         except Exception as exc:

@@ -29,6 +29,11 @@ class SamplingParams:
     seed: int | None = None
     logprobs: bool = False
     top_logprobs: int = 0
+    min_tokens: int = 0
+    """End-of-sequence and stop tokens are not sampled before this many tokens (vLLM's)."""
+    ignore_eos: bool = False
+    """The model's end-of-sequence tokens do not end the generation (vLLM's): it runs to
+    ``max_tokens`` or a stop token the request named."""
 
     @property
     def greedy(self) -> bool:

@@ -21,7 +21,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.sample_utils import make_logits_processors
 
-from mlxcore.engine.request import SamplingParams
+from mlxcore.engine.request import GenerationRequest, SamplingParams
 from mlxcore.engine.strategies import LogitsProcessor, Sampler, StepToken
 
 log = logging.getLogger(__name__)
@@ -96,15 +96,37 @@ def make_sampler(params: SamplingParams) -> Sampler:
     return RandomSampler(params)
 
 
-def make_processors(params: SamplingParams) -> list[LogitsProcessor]:
-    """mlx-lm logits processors for bias and penalties (empty when none is set)."""
+def make_processors(
+    request: GenerationRequest, stop_ids: frozenset[int] = frozenset()
+) -> list[LogitsProcessor]:
+    """Logits processors for the request's bias and penalties (mlx-lm's) and for
+    ``min_tokens`` (``stop_ids``, the end-of-sequence and stop tokens, are masked until
+    that many tokens exist); empty when none is set."""
+    params = request.sampling
     processors: list[LogitsProcessor] = make_logits_processors(
         logit_bias=params.logit_bias or None,
         repetition_penalty=params.repetition_penalty,
         presence_penalty=params.presence_penalty,
         frequency_penalty=params.frequency_penalty,
     )
+    if params.min_tokens > 0 and stop_ids:
+        processors.append(MinTokens(len(request.prompt_tokens), params.min_tokens, stop_ids))
     return processors
+
+
+class MinTokens:
+    """Masks the end-of-sequence and stop tokens until ``count`` tokens were generated."""
+
+    __name__ = "min_tokens"
+
+    def __init__(self, prompt_length: int, count: int, banned: frozenset[int]) -> None:
+        self.until = prompt_length + count
+        self.banned = mx.array(sorted(banned))
+
+    def __call__(self, tokens: Any, logits: mx.array) -> mx.array:
+        if len(tokens) >= self.until:
+            return logits
+        return logits.at[..., self.banned].add(-mx.inf)
 
 
 def token_with_logprobs(token: int, logprobs: mx.array, top: int) -> StepToken:

@@ -119,10 +119,15 @@ def check_request(request: GenerationRequest, limits: ModelLimits) -> None:
     if min(prompt) < 0 or max(prompt) >= limits.vocab_size:
         raise RequestRejected("prompt token ids must be inside the vocabulary", "prompt")
     if any(not 0 <= t < limits.vocab_size for t in request.stop_token_ids):
-        raise RequestRejected("stop token ids must be inside the vocabulary", "stop")
+        raise RequestRejected("stop token ids must be inside the vocabulary", "stop_token_ids")
     if not isinstance(request.max_tokens, int) or request.max_tokens < 1:
         raise RequestRejected("max_tokens must be at least 1", "max_tokens")
     check_sampling(request.sampling, limits.vocab_size)
+    least = request.sampling.min_tokens
+    if not isinstance(least, int) or not 0 <= least <= request.max_tokens:
+        raise RequestRejected(
+            f"min_tokens must be between 0 and max_tokens ({request.max_tokens})", "min_tokens"
+        )
     total = n + request.max_tokens
     if limits.context is not None and total > limits.context:
         raise RequestRejected(

@@ -28,9 +28,8 @@ from mlxcore.media import MediaPart
 from mlxcore.parsers.base import ToolParser
 from mlxcore.server.errors import APIError, invalid
 from mlxcore.server.frontend import validated_options, warn_once
-from mlxcore.server.service import Generation, GenerationService
+from mlxcore.server.service import RESERVED_OPTIONS, Generation, GenerationService
 
-RESERVED_OPTIONS = (structured.OPTION, structured.START_AFTER_OPTION, structured.MAY_OPEN_OPTION)
 """Engine options only the builder sets (never taken from a client's body)."""
 
 
@@ -80,6 +79,8 @@ class RequestSpec:
     model's context)."""
     stops: Sequence[str] = ()
     stops_field: str = "stop"
+    stop_token_ids: Sequence[int] = ()
+    """Token ids that end the generation besides the model's end of sequence (vLLM's)."""
     extras: Mapping[str, Any] = attrs.field(factory=dict)
     """Body fields outside the API's schema: the plugins' per-request options."""
     constraint: Constraint | None = None
@@ -237,6 +238,7 @@ def build_generations(svc: GenerationService, spec: RequestSpec) -> list[Generat
             prompt_tokens=tuple(prompt.ids),
             checkpoints=prompt.checkpoints,
             boundaries=prompt.boundaries,
+            stop_token_ids=frozenset(spec.stop_token_ids),
             max_tokens=budget,
             sampling=sampling,
             options=options,

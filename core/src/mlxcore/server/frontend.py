@@ -126,6 +126,14 @@ def validated_options(svc: GenerationService, options: dict[str, Any]) -> dict[s
         svc.runtime.hooks.validate_options(options, svc.config)
     except OptionError as exc:
         raise invalid(str(exc), exc.field) from None
+    known = svc.request_options
+    for name in options:
+        if name not in known:
+            warn_once(
+                f"unknown-field:{name}",
+                "request field %r is not known to this server or its plugins; it is ignored",
+                name,
+            )
     return options
 
 

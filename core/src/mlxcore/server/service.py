@@ -43,6 +43,9 @@ T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
+RESERVED_OPTIONS = (structured.OPTION, structured.START_AFTER_OPTION, structured.MAY_OPEN_OPTION)
+"""Engine options the front ends set themselves (a body field of these names is dropped)."""
+
 
 @attrs.define
 class Generation:
@@ -54,6 +57,8 @@ class Generation:
     created_at: float = attrs.field(factory=time.perf_counter)
     first_token_at: float | None = None
     handle: RequestHandle | None = None
+    generated: int = 0
+    """Tokens generated so far (``usage`` is final only at the end)."""
 
 
 MAX_CHARS_PER_TOKEN = 32
@@ -90,6 +95,12 @@ class GenerationService:
         # prompt, a slow remote image) does not hold up the requests behind it.
         self._prepare_pool = ThreadPoolExecutor(workers, thread_name_prefix="mlxcore-prepare")
         self._preparing = 0
+
+    @functools.cached_property
+    def request_options(self) -> frozenset[str]:
+        """The request body fields plugins read (beyond each API's own schema), and the
+        engine's own options that front ends set."""
+        return self.runtime.hooks.request_options() | frozenset(RESERVED_OPTIONS)
 
     async def prepare(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the service's preparation pool, off the event loop.
@@ -286,6 +297,7 @@ class GenerationService:
             while True:
                 event = await events.get()
                 if isinstance(event, TokenEvent):
+                    gen.generated += len(event.tokens)
                     if gen.first_token_at is None:
                         gen.first_token_at = time.perf_counter()
                         self.metrics.ttft.observe(gen.first_token_at - gen.created_at)

@@ -150,6 +150,12 @@ def mlxcore_logits_processors(
 
 
 @hookimpl
+def mlxcore_request_options() -> list[str]:
+    """``fault``."""
+    return [OPTION]
+
+
+@hookimpl
 def mlxcore_validate_options(options: dict[str, Any], config: ServerConfig) -> None:
     """``fault`` must name a known place and action."""
     value = options.get(OPTION)

@@ -80,8 +80,10 @@ class ScriptProcessor:
         if self.free_after and position >= len(self.script):
             return logits
         target = self.script[position] if 0 <= position < len(self.script) else self.eos
-        forced = mx.full(logits.shape, -1e9, dtype=logits.dtype)
-        return forced.at[..., target].add(1e9 + 1.0)
+        # added, not substituted: what another processor ruled out (-inf) stays out, and
+        # the model's own preference picks among the rest
+        bias = mx.full(logits.shape, -1e9, dtype=logits.dtype).at[..., target].add(1e9)
+        return logits + bias
 
 
 @hookimpl
@@ -96,6 +98,12 @@ def mlxcore_configure(config: ServerConfig) -> None:
     global _server_script, _record
     settings = read_settings(config, ScriptSettings)
     _server_script, _record = settings.test_script, settings.test_record
+
+
+@hookimpl
+def mlxcore_request_options() -> list[str]:
+    """``test_script``, ``test_script_then``."""
+    return [OPTION, THEN_OPTION]
 
 
 @hookimpl

@@ -98,6 +98,12 @@ def mlxcore_prefill_strategy(
 
 
 @hookimpl
+def mlxcore_request_options() -> list[str]:
+    """``specprefill``: per-request settings (``enabled``, ``keep`` ...)."""
+    return ["specprefill"]
+
+
+@hookimpl
 def mlxcore_validate_options(options: dict[str, Any], config: ServerConfig) -> None:
     """Check the request's ``"specprefill"`` field (400 naming the bad sub-field)."""
     settings = request_settings(server_settings(config), options)

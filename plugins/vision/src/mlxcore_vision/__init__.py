@@ -58,6 +58,12 @@ def mlxcore_configure(config: ServerConfig) -> None:
 
 
 @hookimpl
+def mlxcore_request_options() -> list[str]:
+    """``video_fps``, ``video_max_frames``."""
+    return ["video_fps", "video_max_frames"]
+
+
+@hookimpl
 def mlxcore_validate_options(options: dict[str, Any], config: ServerConfig) -> None:
     """Per-request ``video_fps`` / ``video_max_frames``."""
     from mlxcore_vision.video import check_options

@@ -15,12 +15,13 @@ from mlxcore.builtin.openai.encode import (
     new_id,
     now,
     openai_stream,
+    running_usage,
     sse,
     tool_call_body,
     tool_call_head,
     usage_body,
 )
-from mlxcore.builtin.openai.schemas import ChatCompletionRequest
+from mlxcore.builtin.openai.schemas import ChatCompletionRequest, StreamOptions
 from mlxcore.output import OutputDelta
 from mlxcore.server import builder
 from mlxcore.server.builder import ChatPrompt, RequestSpec
@@ -63,6 +64,7 @@ def request_spec(
         default_max_tokens=svc.config.max_tokens_default,
         max_tokens_field="max_completion_tokens" if use_completion else "max_tokens",
         stops=convert.stop_list(body.stop),
+        stop_token_ids=body.stop_token_ids or (),
         extras=extras,
         constraint=convert.constraint(body),
         n=body.n,
@@ -86,8 +88,8 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Any:
     model = served_name(svc, body.model)
     logprobs = LogprobEncoder(svc.runtime.tokenizer) if body.logprobs else None
     if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return openai_stream(_stream(gens, streams, model, logprobs, include_usage))
+        stream_options = body.stream_options or StreamOptions()
+        return openai_stream(_stream(gens, streams, model, logprobs, stream_options))
     return Response(await unless_disconnected(request, _complete(gens, streams, model, logprobs)))
 
 
@@ -130,7 +132,7 @@ async def _stream(
     streams: list[AsyncIterator[OutputDelta]],
     model: str,
     logprobs: LogprobEncoder | None,
-    include_usage: bool,
+    options: StreamOptions,
 ) -> AsyncIterator[bytes]:
     rid, created = gens[0].request.request_id, now()
 
@@ -138,15 +140,16 @@ async def _stream(
         index: int, delta: dict[str, Any], finish: str | None = None, lp: Any = None
     ) -> bytes:
         choice = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
-        return sse(
-            {
-                "id": rid,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": model,
-                "choices": [choice],
-            }
-        )
+        body = {
+            "id": rid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [choice],
+        }
+        if options.continuous_usage_stats:
+            body["usage"] = running_usage(gens)
+        return sse(body)
 
     for index in range(len(gens)):
         yield chunk(index, {"role": "assistant", "content": ""})
@@ -168,7 +171,7 @@ async def _stream(
             tool_index[index] += 1
         if d.finish_reason is not None:
             yield chunk(index, {}, d.finish_reason)
-    if include_usage:
+    if options.include_usage:
         usage = usage_body([g.usage for g in gens])
         yield sse(
             {

@@ -16,10 +16,11 @@ from mlxcore.builtin.openai.encode import (
     new_id,
     now,
     openai_stream,
+    running_usage,
     sse,
     usage_body,
 )
-from mlxcore.builtin.openai.schemas import CompletionRequest
+from mlxcore.builtin.openai.schemas import CompletionRequest, StreamOptions
 from mlxcore.output import OutputDelta
 from mlxcore.server import builder
 from mlxcore.server.builder import Constraint, RequestSpec, TextPrompt
@@ -73,6 +74,7 @@ def request_spec(
         max_tokens=body.max_tokens,
         default_max_tokens=16,  # OpenAI's default for this API
         stops=convert.stop_list(body.stop),
+        stop_token_ids=body.stop_token_ids or (),
         extras=extras,
         n=body.n,
         parse=False,
@@ -99,8 +101,8 @@ async def completions(request: Request[Any, Any, Any]) -> Any:
     model = served_name(svc, body.model)
     lp = LogprobEncoder(svc.runtime.tokenizer) if body.logprobs is not None else None
     if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return openai_stream(_stream(gens, streams, model, lp, include_usage, echo))
+        stream_options = body.stream_options or StreamOptions()
+        return openai_stream(_stream(gens, streams, model, lp, stream_options, echo))
     results = await unless_disconnected(request, asyncio.gather(*(collect(s) for s in streams)))
     choices = [
         {
@@ -128,13 +130,15 @@ async def _stream(
     streams: list[AsyncIterator[OutputDelta]],
     model: str,
     lp: LogprobEncoder | None,
-    include_usage: bool,
+    options: StreamOptions,
     echo: str,
 ) -> AsyncIterator[bytes]:
     rid, created = gens[0].request.request_id, now()
 
     def chunk(choices: list[dict[str, Any]], **extra: Any) -> bytes:
         body = {"id": rid, "object": "text_completion", "created": created, "model": model}
+        if options.continuous_usage_stats and "usage" not in extra:
+            body["usage"] = running_usage(gens)
         return sse({**body, "choices": choices, **extra})
 
     if echo:
@@ -150,6 +154,6 @@ async def _stream(
                 "finish_reason": d.finish_reason,
             }
             yield chunk([choice])
-    if include_usage:
+    if options.include_usage:
         yield chunk([], usage=usage_body([g.usage for g in gens]))
     yield SSE_DONE

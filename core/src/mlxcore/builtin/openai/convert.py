@@ -63,7 +63,12 @@ def sampling_params(
         if not -(2**63) <= body.seed < 2**64:
             raise invalid("seed must fit in 64 bits", "seed")
         seed = body.seed & (2**64 - 1)
+    least = getattr(body, "min_tokens", 0)  # vLLM's extras (chat and completions)
+    if not isinstance(least, int) or least < 0:
+        raise invalid("min_tokens must be 0 or more", "min_tokens")
     return SamplingParams(
+        min_tokens=least,
+        ignore_eos=bool(getattr(body, "ignore_eos", False)),
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         top_k=max(top_k, 0),

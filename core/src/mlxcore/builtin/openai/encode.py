@@ -41,6 +41,18 @@ def usage_body(usages: Sequence[Usage]) -> dict[str, Any]:
     return body
 
 
+def running_usage(gens: Sequence[Any]) -> dict[str, Any]:
+    """``usage`` so far, for vLLM's ``stream_options.continuous_usage_stats`` (the
+    generations' prompt and the tokens generated up to now)."""
+    prompt = len(gens[0].request.prompt_tokens)
+    completion = sum(g.generated for g in gens)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+
+
 def tool_call_body(call: ToolCall, index: int) -> dict[str, Any]:
     """One tool call as OpenAI encodes it (complete, in a single delta)."""
     return {

@@ -9,6 +9,7 @@ import msgspec
 
 class StreamOptions(msgspec.Struct, kw_only=True):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage so far in every chunk
 
 
 class Message(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -37,9 +38,12 @@ class SamplerFields(msgspec.Struct, kw_only=True):
 
 
 class SamplingFields(SamplerFields, kw_only=True):
-    """Fields shared by chat and text completions."""
+    """Fields shared by chat and text completions (with vLLM's generation extras)."""
 
     model: str | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
     max_tokens: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False
