@@ -309,3 +309,26 @@ def test_text_requests_arriving_together_share_one_prefill(
             )
             expected = [s.token for s in steps]
         assert result.tokens == expected, text
+
+
+@pytest.mark.parametrize("arch", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5", "gemma3"])
+def test_a_media_prompt_starts_with_the_templates_own_special_tokens(arch: str) -> None:
+    """One ``<bos>`` (or whatever the rendered template alone yields) at the start of an
+    image prompt, for every family: mlx-vlm's tokenization used to add a second one to a
+    Gemma 3 template that already starts with it."""
+    reference = Reference(build_test_vlm(arch))
+    prompt = reference.prompt("Describe.", 1)
+    template = reference.tokenizer(prompt, add_special_tokens=False).input_ids
+    handler = VisionMedia.from_config(reference.model, reference.processor, ServerConfig())
+    part = MediaPart({"type": "image_url", "image_url": {"url": data_uri(noise_image(3))}}, "m")
+    prepared = handler.prepare(prompt, [part], {})
+    special = set(reference.tokenizer.all_special_ids)
+
+    def leading_specials(ids: list[int]) -> list[int]:
+        count = next((i for i, t in enumerate(ids) if t not in special), len(ids))
+        return ids[:count]
+
+    assert leading_specials(prepared.ids) == leading_specials(template)
+    bos = reference.tokenizer.bos_token_id
+    if bos is not None:
+        assert prepared.ids.count(bos) == template.count(bos) <= 1

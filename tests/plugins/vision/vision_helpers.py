@@ -105,22 +105,62 @@ class Reference:
     ) -> tuple[list[int], int]:
         """(greedy token ids, prompt token count); ``sampling``: mlx-vlm's video fields;
         ``order`` and ``system`` as in :meth:`prompt` (``images`` and ``videos`` each in
-        their prompt order)."""
+        their prompt order). The prompt is the rendered template tokenized as it stands
+        (mlx-vlm's own tokenization adds a second BOS to a Gemma template, which already
+        starts with one)."""
         from mlx_vlm import generate
 
-        videos = videos or []
+        inputs = self.inputs(
+            self.prompt(text, len(images), len(videos or []), order=order, system=system),
+            images,
+            videos,
+            **sampling,
+        )
         result = generate(
             self.model,
             self.processor,
-            self.prompt(text, len(images), len(videos), order=order, system=system),
-            image=images or None,
-            video=[str(v) for v in videos] or None,
+            "",
             max_tokens=max_tokens,
             temperature=0.0,
             verbose=False,
+            **inputs,
             **sampling,
         )
         return list(result.token_ids), int(result.prompt_tokens)
+
+    def inputs(
+        self,
+        prompt: str,
+        images: list[Image.Image],
+        videos: list[Path] | None = None,
+        **sampling: Any,
+    ) -> dict[str, Any]:
+        """mlx-vlm's prepared inputs for ``prompt`` (the template's own special tokens
+        only), as ``generate`` keyword arguments."""
+        from mlx_vlm.utils import prepare_inputs
+
+        prepared = prepare_inputs(
+            self.processor,
+            images=images or None,
+            videos=[str(v) for v in videos or []] or None,
+            prompts=prompt,
+            image_token_index=getattr(self.model.config, "image_token_index", None),
+            add_special_tokens=False,
+            **sampling,
+        )
+        ids = prepared["input_ids"]
+        bos = self.tokenizer.bos_token_id
+        if bos is not None and ids.shape[1] > 1 and int(ids[0, 0]) == int(ids[0, 1]) == bos:
+            # Gemma 3's processor adds a BOS to a template that starts with one, whatever
+            # add_special_tokens says: keep the template's own
+            length = ids.shape[1]
+            prepared = {
+                k: v[:, 1:] if getattr(v, "shape", None) == (1, length) else v
+                for k, v in prepared.items()
+            }
+        out = {k: v for k, v in prepared.items() if k != "attention_mask"}
+        out["mask"] = prepared.get("attention_mask")
+        return out
 
     def generate_text_ids(self, text: str, max_tokens: int) -> list[int]:
         """Greedy ids from ``mlx_vlm.generate`` for a text-only chat prompt, fed as the

@@ -159,7 +159,7 @@ class VisionMedia(MediaHandler):
     def prepare(
         self, prompt_text: str, parts: Sequence[MediaPart], options: Mapping[str, Any]
     ) -> PreparedPrompt:
-        from mlx_vlm.utils import prepare_inputs, should_add_special_tokens
+        from mlx_vlm.utils import prepare_inputs
 
         videos_in = [p for p in parts if p.part.get("type") in VIDEO_PART_TYPES]
         mixed_refused = self.native_video and self.model_type not in MIXED_MEDIA_MODEL_TYPES
@@ -207,7 +207,10 @@ class VisionMedia(MediaHandler):
                     prompts=prompt_text,
                     image_token_index=self.image_token_index,
                     resize_shape=None,
-                    add_special_tokens=should_add_special_tokens(self.model_type, self.processor),
+                    # the rendered template already holds the special tokens it wants (a
+                    # Gemma template starts with <bos>); adding more gave a second <bos>.
+                    # The text route tokenizes the same way (prompts.render_chat).
+                    add_special_tokens=False,
                     **(sampling if videos else {}),
                 )
             except Exception as exc:  # the processor refuses media it cannot handle
@@ -215,9 +218,34 @@ class VisionMedia(MediaHandler):
                     f"the model's processor could not process the media: {exc}", parts[0].where
                 ) from None
         arrays = {k: np.array(v) for k, v in inputs.items() if isinstance(v, mx.array)}
+        arrays = self._template_bos_only(arrays, prompt_text)
         ids = [int(t) for t in arrays["input_ids"][0]]
         key = media_cache_key(ids, self.media_token_ids, units)
         return PreparedPrompt(ids, VisionPayload(arrays, tuple(keys)), cache_key=key)
+
+    def _template_bos_only(
+        self, arrays: dict[str, np.ndarray], prompt_text: str
+    ) -> dict[str, np.ndarray]:
+        """``arrays`` without the BOS a processor added in front of a template that starts
+        with its own (Gemma 3's processor tokenizes with special tokens whatever it is
+        told): a prompt begins with what the rendered template alone yields."""
+        tokenizer = getattr(self.processor, "tokenizer", self.processor)
+        bos, text = getattr(tokenizer, "bos_token_id", None), getattr(tokenizer, "bos_token", None)
+        ids = arrays["input_ids"]
+        if bos is None or not text or ids.ndim != 2 or ids.shape[0] != 1:
+            return arrays
+        wanted = 1 if prompt_text.startswith(text) else 0
+        leading = 0
+        while leading < ids.shape[1] and int(ids[0, leading]) == bos:
+            leading += 1
+        extra = leading - wanted
+        if extra <= 0:
+            return arrays
+        length = ids.shape[1]
+        return {
+            k: v[:, extra:] if v.ndim == 2 and v.shape == (1, length) else v
+            for k, v in arrays.items()
+        }
 
     def _repeat_markers(
         self, prompt_text: str, counts: Sequence[int], parts: Sequence[MediaPart]
