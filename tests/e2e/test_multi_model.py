@@ -305,3 +305,27 @@ def test_idle_models_are_unloaded(
     assert states(idle)["llama"] == "not_loaded"
     assert complete(own, "llama", "Hi")  # and it comes back on demand
     idle.stop()
+
+
+def test_unloading_frees_the_model_over_ten_cycles(mlxcore_server: ServerFactory) -> None:
+    """After ``/v1/models/{id}/unload`` MLX holds nothing of the model; after each load
+    it holds one copy again (it used to keep the old one: 2x after unload + load)."""
+    from mlxcore.models.default import ensure_default_model
+
+    smol = mlxcore_server(ensure_default_model(), "--served-model-name", "smol")
+    body = {"model": "smol", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+
+    def active() -> int:
+        return int(
+            httpx.get(f"{smol.base_url}/health", timeout=30).json()["memory"]["mlx_active_bytes"]
+        )
+
+    assert httpx.post(f"{smol.v1}/chat/completions", json=body, timeout=60).status_code == 200
+    baseline = active()
+    assert baseline > 100 * 2**20  # SmolLM2-135M in float32
+    for cycle in range(10):
+        assert httpx.post(f"{smol.v1}/models/smol/unload", timeout=60).status_code == 200
+        assert active() < 0.05 * baseline, cycle
+        assert httpx.post(f"{smol.v1}/models/smol/load", timeout=120).status_code == 200
+        assert httpx.post(f"{smol.v1}/chat/completions", json=body, timeout=60).status_code == 200
+        assert abs(active() - baseline) <= 0.05 * baseline, (cycle, active(), baseline)

@@ -143,6 +143,7 @@ def serve(config: ServerConfig, hooks: PluginHooks, models: ServedModels) -> int
         log.info("model: %s (%s)", router.default.spec.name, rt.info.model_type)
         log.debug("model folder: %s", rt.info.path)
         router.adopt(router.default, rt)
+        del rt  # the router owns it now: unloading the model must be able to free it
         return run_server(router, hooks)
     preload = [slot for slot in router.slots if slot is router.default or slot.pinned]
     for slot in router.slots:

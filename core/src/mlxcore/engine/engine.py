@@ -233,7 +233,10 @@ class Engine:
         with self._wake:
             if self.state != "failed":
                 self.state = "stopped"
+            watchdog = self._watchdog
         _close_cache(self._loop)
+        if watchdog is not None and watchdog is not threading.current_thread():
+            watchdog.join(timeout=2.0)  # it holds the engine (and the model) until it ends
 
     def submit(
         self,
@@ -558,7 +561,7 @@ class Engine:
         while True:
             time.sleep(min(0.25, period / 10))
             with self._wake:
-                if self.state == "stopped":
+                if self.state in ("stopped", "failed"):
                     return  # let an unloaded engine (and its model) be freed
                 since = self._busy_since
                 if self.state != "running" or since is None:
