@@ -208,3 +208,35 @@ def test_requests_wait_for_memory_and_prefix_entries_are_evicted_first(tiny_llam
         assert stats["prefix_cache_entries"] < 4
     finally:
         rt.engine.shutdown(timeout=5)
+
+
+@pytest.mark.parametrize("family", ["tiny_llama", "tiny_qwen3_5"])
+def test_a_row_that_fails_every_decode_step_fails_alone(
+    family: str, request: pytest.FixtureRequest
+) -> None:
+    """Eight requests decode together; one of them makes every step of a batch holding it
+    raise. The engine retries without half of the batch until that one is alone: it fails,
+    and the other seven finish with the tokens of a fault-free run (recurrent state
+    included: their caches are taken out of the batch intact)."""
+    from mlxcore.testing.runtime import assert_matches_mlx_lm, submit_together
+
+    rt = make_runtime(request.getfixturevalue(family), "mlxcore.testing.faults")
+    try:
+        requests = [GenerationRequest(tuple(range(20 + i, 60 + 2 * i)), 12 + i) for i in range(8)]
+        bad = 5
+        requests[bad] = GenerationRequest(
+            requests[bad].prompt_tokens, 12, options={"fault": "decoder:poison"}
+        )
+        results = submit_together(rt, requests)
+        for i, (req, res) in enumerate(zip(requests, results, strict=True)):
+            assert res.finish is not None
+            if i == bad:
+                assert res.finish.reason == "error" and "injected fault" in (res.finish.error or "")
+            else:
+                assert_matches_mlx_lm(rt, req, res)
+        stats = rt.engine.stats()
+        assert stats["decode_sequences_isolated"] == 1
+        assert 1 <= stats["decode_step_failures"] <= 4  # halving 8: at most log2(8) + 1
+        assert stats["engine_restarts"] == 0
+    finally:
+        rt.engine.shutdown()

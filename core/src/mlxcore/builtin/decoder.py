@@ -32,6 +32,7 @@ from mlxcore.engine.strategies import (
     Decoder,
     DecodeSequence,
     LayerCache,
+    Salvaged,
     SequenceCache,
     StepToken,
 )
@@ -89,6 +90,9 @@ class PlainDecoder(Decoder):
         self._pending: Any = None  # lazy (B,) tokens sampled last step
         self._pending_logprobs: Any = None  # lazy (B, vocab) or None
         self._unchecked: tuple[Any, Any] | None = None  # (logits, near-tie rows) of a fast step
+        self._touched = False
+        """True from the moment a step changes the batch cache until the step returns: a
+        failure then leaves the cache in an unknown state (nothing can be salvaged)."""
         self.exact_fallbacks = 0
         """Rows of fast greedy steps that took the exact path (near ties)."""
 
@@ -194,9 +198,41 @@ class PlainDecoder(Decoder):
             self.kv_quant.quantize_batch(self.cache)
             self._quantized = True
 
+    def salvage(self) -> list[Salvaged] | None:
+        """The batch's sequences with their own caches, when the failed step had not yet
+        touched the batch cache; the token each had sampled but not reported is read
+        (and returned as unreported)."""
+        if self._touched:
+            return None
+        try:
+            self._settle()
+            pending: list[int] = self._pending.tolist() if self.slots else []
+        except Exception:
+            return None
+        out = [Salvaged(seq) for seq in self._joining]
+        for i, slot in enumerate(self.slots):
+            seq = slot.seq
+            seq.cache = [layer.extract(i) for layer in self.cache]
+            unreported: list[StepToken] = []
+            if slot.in_flight:
+                tok = int(pending[i])
+                seq.tokens.append(tok)
+                seq.next_token = tok
+                sampling = seq.request.sampling
+                if sampling.logprobs and self._pending_logprobs is not None:
+                    top = sampling.top_logprobs
+                    unreported = [token_with_logprobs(tok, self._pending_logprobs[i], top)]
+                else:
+                    unreported = [StepToken(tok)]
+            out.append(Salvaged(seq, unreported))
+        self.slots, self._joining, self.cache = [], [], []
+        return out
+
     def step(self) -> dict[int, list[StepToken]]:
+        self._touched = True
         self._merge_joining()
         if not self.slots:
+            self._touched = False
             return {}
         self._settle()
         inputs, input_logprobs = self._pending, self._pending_logprobs
@@ -215,6 +251,11 @@ class PlainDecoder(Decoder):
         self._pending_logprobs = logprobs if wants else None
         mx.async_eval(self._pending, *([logprobs] if wants else []))
         return self._report(inputs, input_logprobs)
+
+    def _report(self, inputs: Any, input_logprobs: Any) -> dict[int, list[StepToken]]:
+        out = self._materialise(inputs, input_logprobs)
+        self._touched = False
+        return out
 
     def _settle(self) -> None:
         """Give the rows of the last fast greedy step that had a near tie mlx-lm's exact
@@ -249,7 +290,7 @@ class PlainDecoder(Decoder):
             return samplers[0](logprobs)
         return mx.concatenate([sp(logprobs[i : i + 1]) for i, sp in enumerate(samplers)], axis=0)
 
-    def _report(self, inputs: Any, input_logprobs: Any) -> dict[int, list[StepToken]]:
+    def _materialise(self, inputs: Any, input_logprobs: Any) -> dict[int, list[StepToken]]:
         """Materialise the tokens fed this step; report those not reported before."""
         tokens: list[int] = inputs.tolist()
         out: dict[int, list[StepToken]] = {}

@@ -41,10 +41,12 @@ from mlxcore.engine.events import (
     FinishEvent,
     RequestHandle,
     Usage,
+    send,
 )
 from mlxcore.engine.kv_quant import KVQuantization
-from mlxcore.engine.loop import BatchLoop, EngineParts, StepSync, send
+from mlxcore.engine.loop import BatchLoop
 from mlxcore.engine.memory import MemoryBudget, release_memory
+from mlxcore.engine.parts import EngineParts, StepSync
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.strategies import CacheStrategy, Decoder, PrefillStrategy
 from mlxcore.engine.threads import run_job
@@ -297,6 +299,8 @@ class Engine:
             "requests_expired_in_queue": self.expired,
             "prompt_tokens_processed": self.counters["prompt_tokens_processed"],
             "prefill_shared_prefix_waits": self.counters["prefill_shared_prefix_waits"],
+            "decode_step_failures": self.counters["decode_step_failures"],
+            "decode_sequences_isolated": loop.quarantine.isolated,
             "engine_up": 1.0 if self.health()[0] else 0.0,
             "engine_restarts": len(self._restarts),
             "engine_faults": sum(self.faults.values()),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -11,6 +12,8 @@ import attrs
 
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.strategies import StepToken
+
+log = logging.getLogger(__name__)
 
 
 @attrs.define
@@ -106,3 +109,13 @@ class RequestHandle:
         :meth:`end_early`), or ``None``."""
         with self._lock:
             return self._cancel_reason
+
+
+def send(handle: RequestHandle, event: Event) -> None:
+    """Deliver ``event`` to the request's sink; a sink that raises (its client's event
+    loop is gone) cancels the request instead of stopping the engine."""
+    try:
+        handle.sink(event)
+    except Exception:
+        log.exception("event sink of request %s failed; cancelling it", handle.uid)
+        handle.cancel()

@@ -21,15 +21,16 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import attrs
 import mlx.core as mx
 
 from mlxcore.engine.cache_explain import EXPLAIN_OPTION, CacheExplanation
-from mlxcore.engine.events import Event, FinishEvent, RequestHandle, TokenEvent, Usage
+from mlxcore.engine.events import Event, FinishEvent, RequestHandle, TokenEvent, Usage, send
+from mlxcore.engine.parts import EngineParts
 from mlxcore.engine.prefill_plan import find_shared_prefix, plan_step
+from mlxcore.engine.quarantine import Quarantine
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.sampling import (
     make_processors,
@@ -38,13 +39,10 @@ from mlxcore.engine.sampling import (
     token_with_logprobs,
 )
 from mlxcore.engine.strategies import (
-    CacheStrategy,
-    Decoder,
     DecodeSequence,
     LogitsProcessor,
     PrefillGenerator,
     PrefillResult,
-    PrefillStrategy,
     PrefillTask,
     Sampler,
     SequenceCache,
@@ -53,50 +51,6 @@ from mlxcore.engine.strategies import (
 from mlxcore.errors import MlxcoreError
 
 log = logging.getLogger(__name__)
-
-
-@attrs.frozen
-class EngineParts:
-    """How an engine gets its strategies (called again for every fresh loop) and the
-    per-request logits processors plugins add.
-
-    Attributes:
-        cache: builds the cache strategy.
-        prefill: builds the prefill strategy.
-        decoder: builds the decoder.
-        processors_for: the plugins' logits processors for one request.
-    """
-
-    cache: Callable[[], CacheStrategy]
-    prefill: Callable[[], PrefillStrategy]
-    decoder: Callable[[], Decoder]
-    processors_for: Callable[[GenerationRequest], list[LogitsProcessor]] = lambda _r: []
-
-
-class StepSync(Protocol):
-    """What keeps an engine's steps in step with other processes (a distributed
-    engine's rank 0: :class:`mlxcore.distributed.lockstep.Lockstep`)."""
-
-    def lead(self, loop: BatchLoop, admitted: list[RequestHandle]) -> list[RequestHandle]:
-        """Before a step: announce it; returns the handles the loop admits."""
-        ...
-
-    def pause(self) -> float:
-        """The engine is idle: pause the others; returns how long to wait (seconds)."""
-        ...
-
-    def close(self) -> None:
-        """The engine stops: tell the others."""
-        ...
-
-    def stats(self) -> dict[str, float]:
-        """Gauges for ``/metrics``."""
-        ...
-
-    @property
-    def deadline(self) -> float:
-        """Seconds after which a step that has not ended is a fault (the watchdog)."""
-        ...
 
 
 @attrs.define(eq=False)
@@ -145,16 +99,6 @@ class Parked:
     length: int
 
 
-def send(handle: RequestHandle, event: Event) -> None:
-    """Deliver ``event`` to the request's sink; a sink that raises (its client's event
-    loop is gone) cancels the request instead of stopping the engine."""
-    try:
-        handle.sink(event)
-    except Exception:
-        log.exception("event sink of request %s failed; cancelling it", handle.uid)
-        handle.cancel()
-
-
 class BatchLoop:
     """Admission, prefill and decoding over one set of strategies (engine thread only).
 
@@ -192,6 +136,8 @@ class BatchLoop:
         self.live: dict[int, AdmittedRequest] = {}
         self.prefilling: collections.deque[AdmittedRequest] = collections.deque()
         self.parked: list[Parked] = []
+        self.quarantine = Quarantine()
+        """Sequences held out of the batch while a failing step's cause is looked for."""
         self.shorts_in_a_row = 0
         self.prefetched: set[int] = set()
         self.abandoned = False
@@ -210,7 +156,7 @@ class BatchLoop:
         self.unpark()
         if self.prefilling:
             self.prefill_step()
-        if len(self.decoder):
+        if len(self.decoder) or self.quarantine:
             self.decode_step()
 
     def admit(self, handle: RequestHandle) -> None:
@@ -490,15 +436,15 @@ class BatchLoop:
         return StepToken(token)
 
     def decode_step(self) -> None:
+        if self.quarantine and not len(self.decoder):
+            self._rejoin()
         try:
             produced = self.decoder.step()
         except Exception as exc:
-            log.exception("decode step failed; failing the sequences in the batch")
-            decoding = [live for live in self.live.values() if live.seq is not None]
-            self.decoder = self.parts.decoder()  # its batch state is unknown now
-            for live in decoding:
-                self.fail(live, exc)
+            self._step_failed(exc)
             return
+        if self.quarantine or self.quarantine.suspects is not None:
+            self._rejoin()  # the step went through: the next held group may come back
         for uid, tokens in produced.items():
             found = self.live.get(uid)
             if found is None:
@@ -509,6 +455,55 @@ class BatchLoop:
                 self.fail(live, RuntimeError(live.failed))
             elif self.emit(live, tokens):
                 self.retire(live, self.decoder.remove(uid))
+
+    def _rejoin(self) -> None:
+        for seq in self.quarantine.release(lambda uid: uid in self.live):
+            self.decoder.add(seq)
+
+    def _step_failed(self, exc: Exception) -> None:
+        """A decode step raised: retry without half of its sequences when the decoder
+        gives them back intact (:mod:`mlxcore.engine.quarantine`), else fail the batch."""
+        decoding = [live for live in self.live.values() if live.seq is not None]
+        try:
+            rows = self.decoder.salvage()
+        except Exception:
+            log.exception("decoder %s: salvaging the batch failed", self.decoder.name)
+            rows = None
+        self.decoder = self.parts.decoder()  # the failed one is not used again
+        self.counters["decode_step_failures"] += 1
+        held = {seq.uid for group in self.quarantine.groups for seq in group}
+        if rows is None:
+            log.error("decode step failed; failing the sequences in the batch", exc_info=exc)
+            for live in decoding:
+                if live.handle.uid not in held:
+                    self.fail(live, exc)
+            return
+        survivors: list[DecodeSequence] = []
+        for item in rows:
+            owner = self.live.get(item.seq.uid)
+            if owner is None:
+                continue
+            owner.seq = item.seq
+            if item.unreported and self.emit(owner, item.unreported):
+                self.retire(owner, SequenceCache(item.seq.cache, len(item.seq.tokens) - 1))
+            else:
+                survivors.append(item.seq)
+        # nobody suspected failed anyway (the cause is not one sequence): suspect all again
+        suspects = self.quarantine.suspected(survivors) or survivors
+        for seq in survivors:
+            if seq not in suspects:
+                self.decoder.add(seq)  # went through a step since the last failure
+        if len(suspects) == 1:
+            self.quarantine.isolated += 1
+            self.quarantine.suspects = set()
+            self.fail(self.live[suspects[0].uid], exc)  # alone, it still failed: the cause
+            return
+        log.warning(
+            "decode step failed (%s: %s); retrying with %d of its %d suspects",
+            type(exc).__name__, exc, max(1, len(suspects) // 2), len(suspects),
+        )  # fmt: skip
+        for seq in self.quarantine.split(suspects) if suspects else []:
+            self.decoder.add(seq)
 
     def emit(self, live: AdmittedRequest, tokens: list[StepToken]) -> bool:
         """Send tokens to the client; True when the request is now finished."""
@@ -572,6 +567,7 @@ class BatchLoop:
             self.finish(live, "error", error, code)
         self.prefilling.clear()
         self.parked.clear()
+        self.quarantine.clear()
 
     def send(self, handle: RequestHandle, event: Event) -> None:
         if not self.abandoned:

@@ -406,6 +406,29 @@ class Decoder(abc.ABC):
     def __len__(self) -> int:
         """How many sequences are in the batch."""
 
+    def salvage(self) -> list[Salvaged] | None:
+        """After :meth:`step` raised: every sequence of the batch, each with its own cache
+        as it was before that step, ready to join a fresh decoder (so the engine can retry
+        the step without the sequence that made it fail); ``None`` when the decoder cannot
+        tell what state the batch is in (the engine then fails the whole batch). The
+        decoder is not used again afterwards. Default: ``None``."""
+        return None
+
     def stats(self) -> dict[str, float]:
         """Decoder-specific counters for /metrics (e.g. acceptance rate)."""
         return {}
+
+
+@attrs.define
+class Salvaged:
+    """A sequence taken out of a failed batch (:meth:`Decoder.salvage`).
+
+    Attributes:
+        seq: the sequence, its ``cache`` holding every token of ``seq.tokens`` but the last
+            (``next_token``, to be fed next).
+        unreported: tokens the decoder had sampled but not yet reported (now the end of
+            ``seq.tokens``): the engine sends them to the client.
+    """
+
+    seq: DecodeSequence
+    unreported: list[StepToken] = attrs.field(factory=list)

@@ -12,9 +12,11 @@ in its body, where WHERE is one of
 * ``processor``: the request's logits processor,
 
 and WHAT is ``raise`` or ``hang`` (blocks for an hour, for the watchdog to find). Each
-fault fires once per request. The reliability suite and the tests use it to show that
-a fault fails the requests it touches, never hangs anything, and that the engine
-recovers.
+fault fires once per request, except ``decoder:poison``, which raises at every decode step
+of a batch holding the request (before the step touches the batch: the engine then finds
+the request by retrying without half of the batch, and fails it alone). The reliability
+suite and the tests use it to show that a fault fails the requests it touches, never hangs
+anything, and that the engine recovers.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from mlxcore.model_info import ModelInfo
 
 OPTION = "fault"
 WHERE = ("decoder", "decoder-remove", "prefill", "setup", "processor")
-WHAT = ("raise", "hang")
+WHAT = ("raise", "hang", "poison")
 HANG_SECONDS = 3600.0
 
 
@@ -82,6 +84,9 @@ class FaultyDecoder(PlainDecoder):
         return action
 
     def step(self) -> dict[int, list[StepToken]]:
+        for seq in [slot.seq for slot in self.slots] + list(self._joining):
+            if fault_of(seq.request, "decoder") == "poison":
+                raise InjectedFault(f"injected fault at decoder (request {seq.uid} in the batch)")
         for slot in self.slots:
             action = self._armed(slot.seq, "decoder")
             if action is not None:
