@@ -9,8 +9,10 @@ Containment rules:
 
 * a failure in one request's set-up, prefill, first sampling, logits processors or
   hand-over to the decoder ends that request alone (``error``);
-* a decode step that fails fails the sequences in the batch and the decoder is
-  rebuilt (its batch state is unknown after the failure);
+* a decode step that fails is retried without half of its suspects when the decoder
+  gives the sequences back intact (:mod:`mlxcore.engine.quarantine`), until the one at
+  fault fails alone; otherwise its sequences fail and the decoder is rebuilt (its batch
+  state is unknown after the failure);
 * a request waiting for another's prefill of their shared prefix (see
   :mod:`mlxcore.engine.prefill_plan`) starts on its own when that one ends, however it ends;
 * anything else that raises out of :meth:`BatchLoop.iterate` is a fault: the engine
