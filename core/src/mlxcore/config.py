@@ -203,9 +203,16 @@ class ServerConfig:
         3600.0, flag="--responses-ttl", group=HTTP, type=seconds, metavar="SECONDS",
         help="a stored response unused this long is forgotten (default 3600; 0: no limit)",
     )  # fmt: skip
-    api_key: str | None = setting(
-        None, flag="--api-key", group=HTTP,
-        help="require this Bearer key on every route but /health",
+    api_key: tuple[str, ...] = setting(
+        None, flag="--api-key", group=HTTP, action="append", metavar="KEY",
+        converter=lambda v: (v,) if isinstance(v, str) else tuple(v or ()),
+        help="require this Bearer key on every route but /health and / (repeatable: any "
+        "of them)",
+    )  # fmt: skip
+    api_keys_file: str | None = setting(
+        None, flag="--api-keys-file", group=HTTP, metavar="FILE",
+        help="API keys with per-key limits (requests and tokens per minute) and priorities, "
+        "as TOML [keys.NAME] tables; see docs/reliability.md",
     )  # fmt: skip
     allowed_origins: tuple[str, ...] = setting(
         (), flag="--allowed-origins", group=HTTP, nargs="+", metavar="ORIGIN", converter=tuple,

@@ -10,9 +10,9 @@ such as a 405, on its paths).
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -25,6 +25,7 @@ from mlxcore.config import ServerConfig
 from mlxcore.hooks import PluginHooks
 from mlxcore.routes import RouteTable, http_routes
 from mlxcore.server.errors import APIError, api_error_handler
+from mlxcore.server.keys import KeyCollector, KeyTable, current_key, retry_after
 from mlxcore.server.metrics import Metrics
 from mlxcore.server.model_routes import model_routes
 from mlxcore.server.openapi import docs_page, openapi_document
@@ -65,7 +66,7 @@ async def health(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
             "mlx_cache_bytes": int(stats["memory_cache_bytes"]),
         },
     }
-    if not config.api_key:  # /health is open: name nothing behind the key
+    if not (config.api_key or config.api_keys_file):  # /health is open: name nothing
         body["model"] = router.default.spec.name
         if not router.single:
             body["models"] = {slot.spec.name: slot.state for slot in router.slots}
@@ -84,7 +85,7 @@ async def root(request: Request[Any, Any, Any]) -> dict[str, Any]:
     """``GET /``: what this server is (clients such as Claude Code probe it)."""
     router: ModelRouter = request.app.state.router
     body: dict[str, Any] = {"object": "server", "name": "mlxcore", "status": "ok"}
-    if not request.app.state.config.api_key:
+    if not (request.app.state.config.api_key or request.app.state.config.api_keys_file):
         body["model"] = router.default.spec.name
     return body
 
@@ -122,19 +123,29 @@ async def _exit_when_engine_fails(app: Litestar, router: ModelRouter) -> None:
         server.should_exit = True
 
 
-def _auth_hook(api_key: str | None) -> Any:
-    if not api_key:
+def _auth_hook(keys: KeyTable) -> Any:
+    """Authentication and per-key limits (:mod:`mlxcore.server.keys`)."""
+    if not keys:
         return None
-    expected = api_key.encode()
 
     async def check(request: Request[Any, Any, Any]) -> None:
         if request.url.path in OPEN_PATHS:
             return
         header = request.headers.get("authorization", "")
         token = header[7:].strip() if header.lower().startswith("bearer ") else ""
-        token = token or request.headers.get("x-api-key", "")
-        if not hmac.compare_digest(token.encode(), expected):
+        key = keys.find(token or request.headers.get("x-api-key", ""))
+        if key is None:
             raise APIError(401, "invalid or missing API key", code="invalid_api_key")
+        wait = key.admit(time.monotonic())
+        if wait > 0:
+            raise APIError(
+                429,
+                f"API key {key.name!r} is over its limit of requests or tokens per minute; "
+                f"retry in {retry_after(wait)} s",
+                code="rate_limit_exceeded",
+                headers={"Retry-After": retry_after(wait)},
+            )
+        current_key.set(key)
 
     return check
 
@@ -203,10 +214,13 @@ def create_app(
     cors = (
         CORSConfig(allow_origins=list(config.allowed_origins)) if config.allowed_origins else None
     )
+    keys = KeyTable.from_config(config.api_key, config.api_keys_file)
+    if keys:
+        router.metrics.registry.register(KeyCollector(keys))
     app = Litestar(
         route_handlers=handlers,
         exception_handlers={Exception: errors},
-        before_request=_auth_hook(config.api_key),
+        before_request=_auth_hook(keys),
         before_send=[router.metrics.count_response],
         cors_config=cors,
         request_max_body_size=config.max_request_body_bytes,

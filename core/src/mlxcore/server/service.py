@@ -37,6 +37,7 @@ from mlxcore.output import OutputDelta, OutputPipeline
 from mlxcore.prompts import RenderedPrompt, render_chat
 from mlxcore.runtime import Runtime
 from mlxcore.server.errors import APIError, invalid, overloaded
+from mlxcore.server.keys import charge_current
 from mlxcore.server.metrics import Metrics
 
 T = TypeVar("T")
@@ -310,6 +311,7 @@ class GenerationService:
                 assert isinstance(event, FinishEvent)
                 finished = True
                 gen.usage = event.usage
+                charge_current(event.usage.prompt_tokens + event.usage.completion_tokens)
                 _log_finished(gen, event)
                 if event.reason == "error":
                     raise _generation_error(gen.request.request_id, event)
