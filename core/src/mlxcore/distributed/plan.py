@@ -124,9 +124,7 @@ def check_backend(backend: str) -> None:
         )
 
 
-RANK_LOCAL_SETTINGS = frozenset(
-    {"model", "host", "port", "log_level", "api_key", "api_keys_file"}
-)
+RANK_LOCAL_SETTINGS = frozenset({"model", "host", "port", "log_level", "api_key", "api_keys_file"})
 """Settings that may differ between ranks (the model's path: each machine has its own
 folder, compared by content instead)."""
 
