@@ -141,6 +141,7 @@ def test_trace_sees_every_hook_call(tiny_llama: Path) -> None:
                 request_id="traced",
             )
             hooks.validate_options({}, config)
+            hooks.request_options()  # body fields the plugins read
             runtime.engine.submit(request, result.sink)  # strategies, processors
             assert result.done.wait(60)
             assert result.finish is not None and result.finish.reason in ("stop", "length")
