@@ -253,14 +253,15 @@ def metric(server: Server, name: str) -> float:
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["dies", "hangs"])
 def test_losing_a_rank_ends_every_open_request_and_the_group(logs: Path, how: int) -> None:
     """A rank that dies is noticed at the next collective; one that hangs (stopped) by
-    the step deadline (``--distributed-timeout``, 5 s here), and so is a dead rank when
-    mlx's collective waits forever instead of raising (it does either)."""
+    the step deadline (``--distributed-timeout``, 15 s here: a loaded 2-core machine can
+    take 5 s over a step), and so is a dead rank when mlx's collective waits forever
+    instead of raising (it does either)."""
     group = launch_group(
         build_test_model("qwen3"),
         logs,
         "--distributed-timeout",
-        "5",
-        launcher=("--grace", "15"),  # longer than the deadline, as by default (30 > 20)
+        "15",
+        launcher=("--grace", "30"),  # longer than the deadline, as by default (30 > 20)
     )
     try:
         api = client(group)
@@ -290,7 +291,7 @@ def test_losing_a_rank_ends_every_open_request_and_the_group(logs: Path, how: in
         killed_at = time.monotonic()
         os.kill(group.ranks()[1], how)
         statuses = set()
-        while time.monotonic() - killed_at < 30 and group.alive():
+        while time.monotonic() - killed_at < 60 and group.alive():
             try:
                 statuses.add(httpx.get(f"{group.base_url}/health", timeout=2).status_code)
             except httpx.HTTPError:
@@ -299,11 +300,11 @@ def test_losing_a_rank_ends_every_open_request_and_the_group(logs: Path, how: in
                 break
             time.sleep(0.05)
         for t in threads:
-            t.join(timeout=max(1.0, 30 - (time.monotonic() - killed_at)))
+            t.join(timeout=max(1.0, 60 - (time.monotonic() - killed_at)))
         assert sorted(outcomes) == [0, 1, 2]
         for kind, at in outcomes.values():
             assert kind != "finished"
-            assert at - killed_at < 30
+            assert at - killed_at < 60
         assert 503 in statuses
         code = group.proc.wait(timeout=60)
         assert code != 0
