@@ -89,7 +89,9 @@ def _positive(section: dict[str, Any], *keys: str) -> None:
 
 @pytest.mark.e2e
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["interleaved", "sequential"])
+@pytest.mark.parametrize(
+    "mode", [pytest.param("interleaved", marks=pytest.mark.long), "sequential"]
+)
 def test_bench_runs_every_measurement_on_a_tiny_model(
     tiny_llama: Path, tmp_path: Path, mode: str
 ) -> None:

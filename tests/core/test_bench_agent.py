@@ -6,6 +6,8 @@ import itertools
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from mlxcore.bench.agent import run_agent_session
 
 
@@ -19,6 +21,7 @@ def test_agent_session_turns_reuse_their_history(tiny_qwen3_5: Path) -> None:
     assert result["min_cached_fraction_after_first"] >= 0.9
 
 
+@pytest.mark.long
 def test_a_restart_loses_the_cache_unless_a_plugin_keeps_it(
     tiny_qwen3: Path, tmp_path: Path
 ) -> None:

@@ -27,6 +27,7 @@ def _bench(*argv: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.long
 def test_compare_runs_both_sides_with_cold_prompts(tiny_qwen3_5: Path, tmp_path: Path) -> None:
     out = tmp_path / "compare.json"
     done = _bench(

@@ -19,6 +19,7 @@ from mlxcore.bench.server import ServerProcess
 pytestmark = [pytest.mark.timeout(300), pytest.mark.e2e, pytest.mark.slow]
 
 
+@pytest.mark.long
 def test_peer_mode_runs_every_workload_on_both_sides(tiny_qwen3: Path, tmp_path: Path) -> None:
     out = tmp_path / "peer.json"
     with ServerProcess(str(tiny_qwen3), (), log_level="warning") as peer:

@@ -18,8 +18,9 @@ PROMPTS = [[300, 301, 302, 303], [1000 + i for i in range(40)], [7, 8, 9]]
 
 @pytest.mark.parametrize(
     ("family", "mode"),
-    [("tiny_qwen3", TENSOR), ("tiny_llama", TENSOR), ("tiny_qwen3_5", TENSOR),
-     ("tiny_qwen3_5", PIPELINE)],
+    [pytest.param("tiny_qwen3", TENSOR, marks=pytest.mark.long),
+     pytest.param("tiny_llama", TENSOR, marks=pytest.mark.long), ("tiny_qwen3_5", TENSOR),
+     pytest.param("tiny_qwen3_5", PIPELINE, marks=pytest.mark.long)],
 )  # fmt: skip
 def test_two_ranks_generate_what_one_process_does(
     family: str, mode: str, request: pytest.FixtureRequest, tmp_path: Path

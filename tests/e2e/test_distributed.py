@@ -29,7 +29,7 @@ from mlxcore.testing.models import build_test_model
 from mlxcore.testing.ranks import LaunchedGroup, launch_group, write_hostfile
 from mlxcore.testing.server import Server, ServerFactory, free_port
 
-pytestmark = pytest.mark.xdist_group("ranks")
+pytestmark = [pytest.mark.xdist_group("ranks"), pytest.mark.long]
 
 SCRIPTED = ("--plugin", "mlxcore.testing.scripted", "--plugin", "anthropic")
 TOOL_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'

@@ -135,6 +135,7 @@ def test_models_lists_every_model_with_state_and_context(server: Server) -> None
     assert one["id"] == "small" and one["alias_of"] == "llama"
 
 
+@pytest.mark.long
 def test_alternating_models_answer_as_alone_and_evict_the_lru(
     server: Server, client: openai.OpenAI, single_answers: Any
 ) -> None:
@@ -307,6 +308,7 @@ def test_idle_models_are_unloaded(
     idle.stop()
 
 
+@pytest.mark.long
 def test_unloading_frees_the_model_over_ten_cycles(mlxcore_server: ServerFactory) -> None:
     """After ``/v1/models/{id}/unload`` MLX holds nothing of the model; after each load
     it holds one copy again (it used to keep the old one: 2x after unload + load)."""

@@ -65,7 +65,9 @@ def assert_lossless(rt: Runtime, requests: list[GenerationRequest], results: lis
         assert res.tokens == expected[: len(res.tokens)], len(req.prompt_tokens)
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "llama", "qwen3_5"])
+@pytest.mark.parametrize(
+    "arch", ["qwen3", pytest.param("llama", marks=pytest.mark.long), "qwen3_5"]
+)
 def test_greedy_output_is_the_plain_decoders_alone_together_and_cached(
     arch: str, mlxcore_model_factory: Any, runtimes: Any
 ) -> None:
@@ -104,7 +106,7 @@ def _reference_drafts(draft: Any, context: list[int], k: int) -> list[mx.array]:
     return out
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "qwen3_5"])
+@pytest.mark.parametrize("arch", ["qwen3", pytest.param("qwen3_5", marks=pytest.mark.long)])
 def test_the_draft_cache_follows_the_target_after_rejections(
     arch: str, mlxcore_model_factory: Any, runtimes: Any
 ) -> None:

@@ -157,6 +157,7 @@ print(json.dumps({"loaded": loaded, "peak": mx.get_peak_memory()}))
 """
 
 
+@pytest.mark.long
 def test_peak_memory_with_routing_and_mtp_is_that_of_the_vlm_alone(
     mlxcore_server: ServerFactory,
 ) -> None:
