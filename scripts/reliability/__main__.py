@@ -1,4 +1,5 @@
-"""``make reliability``: fuzz, concurrency waves, disconnect storm, fault injection, soak.
+"""``make reliability``: fuzz, the OpenAPI contract (Schemathesis), concurrency waves,
+disconnect storm, fault injection, soak.
 
 Runs real ``mlxcore serve`` processes on the embedded default model (or ``--model``),
 prints the figures docs/reliability.md records, writes them as JSON (``--out``) and
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import contract
 import faults
 import fuzz
 import httpx
@@ -62,6 +64,17 @@ def run_fuzz(logs: Path, model: str | None, total: int) -> dict[str, Any]:
             "greedy unchanged": after == before,
         }
         return report("fuzz", figures, problems)
+
+
+def run_contract(logs: Path, model: str | None, examples: int) -> dict[str, Any]:
+    with serving(logs, model, *contract.SERVE_FLAGS, *SERVE_ARGS) as server:
+        before = greedy_reference(server)
+        figures, problems = contract.run(server.base_url, logs, examples=examples, seed=2026)
+        if greedy_reference(server) != before:
+            problems.append("greedy output changed after the contract run")
+        if not server.alive():
+            problems.append("the server died")
+        return report("OpenAPI contract (schemathesis)", figures, problems)
 
 
 def run_load(logs: Path, model: str | None, waves: list[int], storm: int) -> dict[str, Any]:
@@ -206,8 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=None, help="model to serve (default: embedded)")
     parser.add_argument("--smoke", action="store_true", help="a two-minute subset")
     parser.add_argument("--fuzz-requests", type=int, default=2200)
+    parser.add_argument("--contract-examples", type=int, default=100)
     parser.add_argument("--soak-seconds", type=float, default=600.0)
-    parser.add_argument("--only", nargs="*", default=["fuzz", "load", "faults", "soak"])
+    parser.add_argument("--only", nargs="*", default=["fuzz", "contract", "load", "faults", "soak"])
     parser.add_argument("--out", type=Path, default=Path("reliability-results.json"))
     parser.add_argument(
         "--serve-arg",
@@ -221,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     SERVE_ARGS[:] = args.serve_arg
     results_flags = {"serve_args": list(args.serve_arg)}
     if args.smoke:
-        args.fuzz_requests, args.soak_seconds = 300, 30.0
+        args.fuzz_requests, args.soak_seconds, args.contract_examples = 300, 30.0, 10
     waves, storm = ([50], 30) if args.smoke else ([200, 500], 100)
     results: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), **results_flags}
     with tempfile.TemporaryDirectory(prefix="mlxcore-reliability-") as tmp:
@@ -229,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if "fuzz" in args.only:
                 results["fuzz"] = run_fuzz(logs, args.model, args.fuzz_requests)
+            if "contract" in args.only:
+                results["contract"] = run_contract(logs, args.model, args.contract_examples)
             if "load" in args.only:
                 results["load"] = run_load(logs, args.model, waves, storm)
             if "faults" in args.only:

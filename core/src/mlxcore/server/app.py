@@ -22,13 +22,14 @@ from litestar.config.cors import CORSConfig
 
 from mlxcore import structured
 from mlxcore.config import ServerConfig
+from mlxcore.embeddings import EmbeddingError, hidden_size
 from mlxcore.hooks import PluginHooks
 from mlxcore.routes import RouteTable, http_routes
 from mlxcore.server.errors import APIError, api_error_handler
 from mlxcore.server.keys import KeyCollector, KeyTable, current_key, retry_after
 from mlxcore.server.metrics import Metrics
 from mlxcore.server.model_routes import model_routes
-from mlxcore.server.openapi import docs_page, openapi_document
+from mlxcore.server.openapi import ModelLimits, docs_page, openapi_document
 from mlxcore.server.protocol import header_timeout_protocol
 from mlxcore.server.router import ModelRouter, ModelSlot
 
@@ -160,6 +161,24 @@ def _error_handlers_by_path(handlers: list[Any]) -> dict[str, Any]:
     return found
 
 
+def _limits(router: ModelRouter) -> ModelLimits | None:
+    """The default model's bounds for the OpenAPI document (None while it is not loaded)."""
+    service = router.default.service
+    if service is None:
+        return None
+    try:
+        hidden: int | None = hidden_size(service.runtime.model)
+    except EmbeddingError:
+        hidden = None
+    vocab = service.runtime.engine.limits.vocab_size
+    return ModelLimits(
+        vocab_size=vocab,
+        prompt_vocab=min(vocab, len(service.runtime.tokenizer)),
+        context=service.context_length,
+        hidden_size=hidden,
+    )
+
+
 def create_app(
     router: ModelRouter, hooks: PluginHooks, preload: Sequence[ModelSlot] = ()
 ) -> Litestar:
@@ -169,18 +188,23 @@ def create_app(
     core = RouteTable()
     core.add("mlxcore", [root, root_head, health, health_head, metrics, *model_routes()])
     routes = hooks.routes(config, core).handlers
-    document = openapi_document(routes)
-    page = docs_page(document)
+    made: dict[str, Any] = {}
+
+    def document() -> dict[str, Any]:
+        # built at the first ask, once the default model (and its limits) is loaded
+        if "document" not in made:
+            made["document"] = openapi_document(routes, limits=_limits(router))
+        return made["document"]
 
     @get("/openapi.json", media_type="application/json")
     async def openapi_json() -> dict[str, Any]:
         """The server's OpenAPI 3.1 document."""
-        return document
+        return document()
 
     @get("/docs", media_type="text/html")
     async def docs() -> str:
         """A page describing every route and its request schema."""
-        return page
+        return docs_page(document())
 
     handlers = [*routes, openapi_json, docs]
     by_path = _error_handlers_by_path(handlers)

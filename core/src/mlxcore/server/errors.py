@@ -70,6 +70,17 @@ def invalid(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param=param, code="invalid_value" if param else None)
 
 
+CONSTRAINT_CODE = "invalid_constraint"
+"""The error code of a constraint the request asks for and the server cannot hold: a
+``tool_choice`` the ``tools`` do not meet, a ``response_format`` schema outside what the
+structured-output compiler takes (no JSON Schema of the request body can state these)."""
+
+
+def constraint_error(message: str, param: str) -> APIError:
+    """A 400 for a constraint that cannot be held (:data:`CONSTRAINT_CODE`)."""
+    return APIError(400, message, param=param, code=CONSTRAINT_CODE)
+
+
 def from_validation(exc: msgspec.ValidationError | msgspec.DecodeError) -> APIError:
     """A 400 from msgspec's decode/validation error, naming the JSON path.
 

@@ -71,6 +71,20 @@ def _is_json(content_type: str) -> bool:
     return not media or media.endswith(("/json", "+json"))
 
 
+def _integral_floats(value: Any, depth: int = 0) -> Any:
+    """``value`` with every float that holds a whole number as an int: JSON does not tell
+    ``1`` from ``1.0`` (JSON Schema calls both integers), msgspec's int fields would."""
+    if depth > 64:
+        return value  # deeper nesting is refused by the schema anyway
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _integral_floats(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_integral_floats(v, depth + 1) for v in value]
+    return value
+
+
 async def decode_request(
     request: Request[Any, Any, Any], body_type: type[T]
 ) -> tuple[T, dict[str, Any]]:
@@ -98,7 +112,7 @@ async def decode_request(
         raise APIError(408, "the request body did not arrive in time", code="timeout") from None
     try:
         raw.decode("utf-8")  # msgspec does not check the keys it skips
-        document = msgspec.json.decode(raw)
+        document = _integral_floats(msgspec.json.decode(raw))
         body = msgspec.convert(document, body_type)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise from_validation(exc) from None

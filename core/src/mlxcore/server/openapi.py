@@ -9,11 +9,14 @@ lists every route with its request schema.
 
 from __future__ import annotations
 
+import copy
 import html
 import json
+import re
 from collections.abc import Iterable
 from typing import Any
 
+import attrs
 import msgspec
 
 import mlxcore
@@ -21,6 +24,9 @@ from mlxcore.routes import http_routes
 
 BODY_OPTION = "body"
 """Handler ``opt`` key naming the msgspec struct a route decodes its JSON body into."""
+ERRORS_OPTION = "errors"
+"""Handler ``opt`` key: the statuses a route answers beyond the common ones
+(``{"409": "why"}``)."""
 
 ERROR_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -43,8 +49,79 @@ ERROR_SCHEMA: dict[str, Any] = {
 }
 
 
-def openapi_document(handlers: Iterable[Any], title: str = "mlxcore") -> dict[str, Any]:
-    """The OpenAPI 3.1 document for ``handlers``."""
+TOKEN_ID: dict[str, Any] = {"type": "integer", "minimum": 0, "title": "token id"}
+"""A token id in a request schema: the document bounds it by the model's vocabulary."""
+PROMPT_TOKEN_ID: dict[str, Any] = {**TOKEN_ID, "title": "prompt token id"}
+"""A prompt's token id: bounded by the vocabulary the tokenizer and the model share."""
+BUDGET_TITLE = "token budget"
+"""The title of a generation budget field (``max_tokens`` and the like): the document
+bounds it by the context (the prompt takes at least one token of it)."""
+
+
+@attrs.frozen
+class ModelLimits:
+    """What the served model bounds: the document's schemas say it too, so a request the
+    schema allows is one the server takes (and the reverse)."""
+
+    vocab_size: int | None = None
+    prompt_vocab: int | None = None
+    context: int | None = None
+    hidden_size: int | None = None
+
+
+def below(n: int) -> str:
+    """A regular expression for the decimal numbers 0 .. n-1 (no leading zeros)."""
+    digits = str(n - 1)
+    alternatives = ["0"] if n > 0 else []
+    for width in range(1, len(digits)):  # every number with fewer digits
+        alternatives.append("[1-9]" + "[0-9]" * (width - 1))
+    for i, digit in enumerate(digits):  # as long as n-1: a smaller digit at position i
+        low = "1" if i == 0 else "0"
+        if int(digit) > int(low):
+            top = int(digit) - 1
+            rest = "[0-9]" * (len(digits) - i - 1)
+            alternatives.append(digits[:i] + f"[{low}-{top}]" + rest)
+    if len(digits) > 1 or digits != "0":
+        alternatives.append(digits)
+    return "^(" + "|".join(dict.fromkeys(alternatives)) + ")$"
+
+
+def _limit(components: dict[str, Any], limits: ModelLimits) -> None:
+    """Put the model's bounds into the request schemas (in place)."""
+    vocab, hidden = limits.vocab_size, limits.hidden_size
+    _bound_token_ids(components, limits)
+    for schema in components.values():
+        props = schema.get("properties", {}) if isinstance(schema, dict) else {}
+        if vocab and "logit_bias" in props:
+            props["logit_bias"]["propertyNames"] = {"pattern": below(vocab)}
+        if hidden and schema.get("title") == "EmbeddingRequest" and "dimensions" in props:
+            props["dimensions"]["maximum"] = hidden
+
+
+def _bound_token_ids(node: Any, limits: ModelLimits) -> None:
+    """Give every :data:`TOKEN_ID`, :data:`PROMPT_TOKEN_ID` and token budget under
+    ``node`` its maximum."""
+    if isinstance(node, list):
+        for item in node:
+            _bound_token_ids(item, limits)
+    elif isinstance(node, dict):
+        title = node.get("title")
+        if node.get("type") == "integer" and isinstance(title, str):
+            top = {
+                "token id": limits.vocab_size,
+                "prompt token id": limits.prompt_vocab,
+                BUDGET_TITLE: limits.context,
+            }.get(title)
+            if top:
+                node["maximum"] = top - 1
+        for value in node.values():
+            _bound_token_ids(value, limits)
+
+
+def openapi_document(
+    handlers: Iterable[Any], title: str = "mlxcore", limits: ModelLimits | None = None
+) -> dict[str, Any]:
+    """The OpenAPI 3.1 document for ``handlers`` (with the served model's ``limits``)."""
     routes = [r for r in http_routes(handlers) if r[0] != "HEAD"]
     bodies = {h.opt.get(BODY_OPTION) for _, _, h in routes} - {None}
     order = sorted(bodies, key=lambda t: t.__name__)
@@ -52,9 +129,13 @@ def openapi_document(handlers: Iterable[Any], title: str = "mlxcore") -> dict[st
         order, ref_template="#/components/schemas/{name}"
     )
     body_refs = dict(zip(order, schemas, strict=True))
+    if limits is not None:
+        components = copy.deepcopy(components)  # msgspec shares our constants' dicts
+        _limit(components, limits)
     components["Error"] = ERROR_SCHEMA
     paths: dict[str, dict[str, Any]] = {}
-    for method, path, handler in routes:
+    for method, route_path, handler in routes:
+        path, parameters = _path_parameters(route_path)
         operation: dict[str, Any] = {
             "operationId": f"{handler.handler_name}_{method.lower()}",
             "summary": (handler.fn.__doc__ or "").strip().splitlines()[0]
@@ -65,15 +146,21 @@ def openapi_document(handlers: Iterable[Any], title: str = "mlxcore") -> dict[st
                 "400": _error("the request is invalid"),
                 "401": _error("missing or wrong API key"),
                 "404": _error("unknown model or route"),
+                "429": _error("over this API key's limits; retry after Retry-After seconds"),
                 "503": _error("overloaded or restarting; retry after Retry-After seconds"),
             },
         }
+        for status, why in handler.opt.get(ERRORS_OPTION, {}).items():
+            operation["responses"][str(status)] = _error(why)
+        if parameters:
+            operation["parameters"] = parameters
         body = handler.opt.get(BODY_OPTION)
         if body is not None:
             operation["requestBody"] = {
                 "required": True,
                 "content": {"application/json": {"schema": body_refs[body]}},
             }
+            operation["responses"]["408"] = _error("the body did not arrive in time")
             operation["responses"]["413"] = _error("the body is too large")
             operation["responses"]["415"] = _error("the body is not JSON")
         paths.setdefault(path, {})[method.lower()] = operation
@@ -86,6 +173,24 @@ def openapi_document(handlers: Iterable[Any], title: str = "mlxcore") -> dict[st
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
     }
+
+
+_PARAMETER = re.compile(r"\{(\w+)(?::(\w+))?\}")
+_PARAMETER_TYPES = {"str": "string", "int": "integer", "float": "number", "path": "string"}
+
+
+def _path_parameters(path: str) -> tuple[str, list[dict[str, Any]]]:
+    """An OpenAPI path (``{name}``) and its parameters from Litestar's ``{name:type}``."""
+    parameters = [
+        {
+            "name": name,
+            "in": "path",
+            "required": True,
+            "schema": {"type": _PARAMETER_TYPES.get(kind or "str", "string")},
+        }
+        for name, kind in _PARAMETER.findall(path)
+    ]
+    return _PARAMETER.sub(lambda m: "{" + m.group(1) + "}", path), parameters
 
 
 def _error(description: str) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from mlxcore.errors import MediaError
 from mlxcore.output import OutputDelta, OutputPipeline
 from mlxcore.prompts import RenderedPrompt, render_chat
 from mlxcore.runtime import Runtime
-from mlxcore.server.errors import APIError, invalid, overloaded
+from mlxcore.server.errors import APIError, constraint_error, invalid, overloaded
 from mlxcore.server.keys import charge_current
 from mlxcore.server.metrics import Metrics
 
@@ -211,7 +211,7 @@ class GenerationService:
             try:
                 structured.prepare(self.runtime.tokenizer, constraint)
             except structured.ConstraintError as exc:
-                raise invalid(str(exc), "response_format") from None
+                raise constraint_error(str(exc), "response_format") from None
 
     async def start(self, gen: Generation) -> AsyncIterator[OutputDelta]:
         """Submit ``gen.request`` and wait until the engine starts it; return its output

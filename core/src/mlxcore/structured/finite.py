@@ -110,6 +110,8 @@ class _Finite:
         return any(self._kind_finite(node, kind) for kind in kinds)
 
     def _kind_finite(self, node: Mapping[str, Any], kind: Any) -> bool:
+        if not isinstance(kind, str):
+            return True  # not a type name: llguidance refuses the schema
         if kind in _SCALARS:
             return True
         if kind == "object":

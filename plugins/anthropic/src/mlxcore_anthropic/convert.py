@@ -26,8 +26,9 @@ def _text(blocks: str | list[dict[str, Any]], where: str) -> str:
         return blocks
     parts = []
     for i, block in enumerate(blocks):
-        if block.get("type") != "text" or not isinstance(block.get("text"), str):
-            raise invalid(f"expected a text block, got type {block.get('type')!r}", f"{where}[{i}]")
+        kind = block.get("type") if isinstance(block, dict) else type(block).__name__
+        if kind != "text" or not isinstance(block.get("text"), str):
+            raise invalid(f"expected a text block, got type {kind!r}", f"{where}[{i}]")
         parts.append(block["text"])
     return "\n".join(parts) if len(parts) > 1 else "".join(parts)
 
@@ -105,18 +106,25 @@ class _UserContent:
         return {"role": "user", "content": joined}
 
 
+def _block_text(block: dict[str, Any], at: str) -> str:
+    text = block.get("text")
+    if not isinstance(text, str):
+        raise invalid("a text block needs text", f"{at}.text")
+    return text
+
+
 def _user(
     message: Message, where: str, media: MediaHandler | None, parts: list[MediaPart]
 ) -> list[dict[str, Any]]:
-    if isinstance(message.content, str):
-        return [{"role": "user", "content": message.content}]
+    if isinstance(message.content, str) or not message.content:  # [] reads as ""
+        return [{"role": "user", "content": message.content or ""}]
     out: list[dict[str, Any]] = []
     content = _UserContent(media, parts)
     for i, block in enumerate(message.content):
         kind = block.get("type")
         at = f"{where}.content[{i}]"
         if kind == "text":
-            content.text(str(block.get("text", "")))
+            content.text(_block_text(block, at))
         elif kind == "image":
             content.image(block, at)
         elif kind == "tool_result":
@@ -145,7 +153,7 @@ def _assistant(message: Message, where: str) -> dict[str, Any]:
         kind = block.get("type")
         at = f"{where}.content[{i}]"
         if kind == "text":
-            texts.append(str(block.get("text", "")))
+            texts.append(_block_text(block, at))
         elif kind == "thinking":
             thinking.append(str(block.get("thinking", "")))
         elif kind == "redacted_thinking":

@@ -13,7 +13,7 @@ from mlxcore.media import MediaPart
 from mlxcore.output import OutputDelta
 from mlxcore.server import builder
 from mlxcore.server.builder import ChatPrompt, Constraint, RequestSpec
-from mlxcore.server.errors import APIError, as_api_error, invalid
+from mlxcore.server.errors import APIError, as_api_error, constraint_error, invalid
 from mlxcore.server.frontend import (
     decode_body,
     decode_request,
@@ -104,7 +104,7 @@ def _forced_tool_choice(
             tools, openai_choice, parallel=not choice.disable_parallel_tool_use
         )
     except structured.ConstraintError as exc:
-        raise invalid(str(exc), exc.field or "tool_choice") from None
+        raise constraint_error(str(exc), exc.field or "tool_choice") from None
     if forced is None:
         return None
     value, parser = forced

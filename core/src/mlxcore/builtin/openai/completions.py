@@ -24,7 +24,7 @@ from mlxcore.builtin.openai.schemas import CompletionRequest, StreamOptions
 from mlxcore.output import OutputDelta
 from mlxcore.server import builder
 from mlxcore.server.builder import Constraint, RequestSpec, TextPrompt
-from mlxcore.server.errors import invalid
+from mlxcore.server.errors import constraint_error, invalid
 from mlxcore.server.frontend import (
     decode_request,
     model_service,
@@ -65,7 +65,7 @@ def request_spec(
     try:  # vLLM's extension: the text is JSON (by schema) too
         value = structured.from_response_format(body.response_format)
     except structured.ConstraintError as exc:
-        raise invalid(str(exc), exc.field or "response_format") from None
+        raise constraint_error(str(exc), exc.field or "response_format") from None
     return RequestSpec(
         prompt=prompt,
         sampling=sampling,

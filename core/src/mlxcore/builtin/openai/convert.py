@@ -16,7 +16,7 @@ from mlxcore.engine.request import SamplingParams
 from mlxcore.engine.validation import MAX_TOP_LOGPROBS
 from mlxcore.media import MediaHandler, MediaPart
 from mlxcore.server.builder import Constraint
-from mlxcore.server.errors import invalid
+from mlxcore.server.errors import constraint_error, invalid
 
 MAX_N = 16
 
@@ -115,7 +115,11 @@ def message_content(
     pieces: list[dict[str, Any]] = []
     has_media = False
     for i, part in enumerate(content):
+        if not isinstance(part, Mapping):
+            raise invalid("a content part must be an object", f"{where}.content[{i}]")
         kind = part.get("type")
+        if not isinstance(kind, str):
+            raise invalid("a content part needs a type", f"{where}.content[{i}].type")
         if kind in ("text", "input_text", "output_text"):
             text = part.get("text")
             if not isinstance(text, str):
@@ -145,6 +149,9 @@ def _tool_calls(calls: list[dict[str, Any]], where: str) -> list[dict[str, Any]]
         if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
             raise invalid("a tool call needs function.name", f"{where}.tool_calls[{i}]")
         args: Any = fn.get("arguments", "{}")
+        if not isinstance(args, str | Mapping):
+            at = f"{where}.tool_calls[{i}].function.arguments"
+            raise invalid("tool call arguments must be a JSON string or an object", at)
         if isinstance(args, str):
             with contextlib.suppress(json.JSONDecodeError):
                 args = json.loads(args) if args.strip() else {}
@@ -185,7 +192,7 @@ def normalize_chat(
         if role == "system":
             if media is not None and isinstance(msg.content, list):
                 for j, part in enumerate(msg.content):
-                    if part.get("type") in media.part_types:
+                    if isinstance(part, Mapping) and str(part.get("type")) in media.part_types:
                         raise invalid(
                             "system messages cannot contain media", f"{where}.content[{j}]"
                         )
@@ -230,6 +237,15 @@ def check_chat_fields(body: ChatCompletionRequest) -> None:
             raise invalid("each tool must be {type: function, function: {...}}", f"tools[{i}]")
         if not isinstance(fn.get("name"), str) or not fn["name"]:
             raise invalid("a tool function needs a name", f"tools[{i}].function.name")
+        if not isinstance(fn.get("description", ""), str | None):
+            raise invalid(
+                "a tool's description must be a string", f"tools[{i}].function.description"
+            )
+        if not isinstance(fn.get("parameters", {}), Mapping | None):
+            raise invalid(
+                "a tool's parameters must be a JSON Schema object",
+                f"tools[{i}].function.parameters",
+            )
 
 
 def constraint(body: ChatCompletionRequest) -> Constraint | None:
@@ -245,7 +261,7 @@ def constraint(body: ChatCompletionRequest) -> Constraint | None:
         field = exc.field or (
             "tool_choice" if body.tool_choice not in (None, "auto", "none") else "response_format"
         )
-        raise invalid(str(exc), field) from None
+        raise constraint_error(str(exc), field) from None
     if value is None:
         return None
     if forced is None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import struct
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 from litestar import Request, post
@@ -15,6 +15,7 @@ from mlxcore.embeddings import EmbeddingError, embed_tokens, hidden_size
 from mlxcore.engine.threads import call_on_worker
 from mlxcore.server.errors import APIError, invalid, overloaded
 from mlxcore.server.frontend import decode_body, model_service, served_name, unless_disconnected
+from mlxcore.server.openapi import TOKEN_ID
 from mlxcore.server.service import GenerationService
 
 MAX_INPUTS = 2048
@@ -23,10 +24,22 @@ MAX_INPUTS = 2048
 
 class EmbeddingRequest(msgspec.Struct, kw_only=True):
     # a string, strings, token ids, or lists of token ids: checked in :func:`_inputs`
-    input: str | list[Any]
+    input: Annotated[
+        Annotated[str, msgspec.Meta(min_length=1)]
+        | Annotated[list[Any], msgspec.Meta(min_length=1, max_length=MAX_INPUTS)],
+        # one input's token ids, or inputs that are strings or lists of token ids (msgspec
+        # takes one array type per union)
+        msgspec.Meta(extra_json_schema={"allOf": [{"anyOf": [
+            {"items": TOKEN_ID},
+            {"items": {"anyOf": [
+                {"type": "string", "minLength": 1},
+                {"type": "array", "minItems": 1, "items": TOKEN_ID},
+            ]}},
+        ]}]}),
+    ]  # fmt: skip
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = None
+    dimensions: Annotated[int, msgspec.Meta(ge=1)] | None = None
     user: str | None = None
 
 

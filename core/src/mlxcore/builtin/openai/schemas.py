@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import msgspec
+
+from mlxcore.server.openapi import BUDGET_TITLE, PROMPT_TOKEN_ID
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):
@@ -12,52 +14,123 @@ class StreamOptions(msgspec.Struct, kw_only=True):
     continuous_usage_stats: bool = False  # vLLM's: usage so far in every chunk
 
 
+TEXT_PART: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "type": {"enum": ["text", "input_text", "output_text"]},
+        "text": {"type": "string"},
+    },
+    "required": ["type", "text"],
+}
+"""A text content part (a media plugin's parts are accepted where the model takes them)."""
+
+TOOL_CALL: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string"},
+        "type": {"const": "function"},
+        "function": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "minLength": 1},
+                "arguments": {"anyOf": [{"type": "string"}, {"type": "object"}]},
+            },
+            "required": ["name"],
+        },
+    },
+    "required": ["function"],
+}
+
+FUNCTION_TOOL: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "type": {"const": "function"},
+        "function": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "minLength": 1},
+                "description": {"type": ["string", "null"]},
+                "parameters": {"type": ["object", "null"]},
+            },
+            "required": ["name"],
+        },
+    },
+    "required": ["function"],
+}
+
+Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
+
+
+def _items(schema: dict[str, Any]) -> msgspec.Meta:
+    """Constrain the array members of a field whose type is a union (JSON Schema's
+    ``items`` applies to arrays only): msgspec keeps a field's extra schema only at the
+    field's own level."""
+    return msgspec.Meta(extra_json_schema={"items": schema})
+
+
 class Message(msgspec.Struct, kw_only=True, omit_defaults=True):
-    role: str
-    content: str | list[dict[str, Any]] | None = None
+    role: Role
+    content: Annotated[str | list[dict[str, Any]] | None, _items(TEXT_PART)] = None
     name: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: Annotated[list[dict[str, Any]] | None, _items(TOOL_CALL)] = None
     tool_call_id: str | None = None
     reasoning_content: str | None = None
     reasoning: str | None = None
 
 
-class SamplerFields(msgspec.Struct, kw_only=True):
-    """Sampling fields shared by chat, text completions and the Responses API."""
+def _range(low: float, high: float) -> Any:
+    return msgspec.Meta(ge=low, le=high)
 
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
-    seed: int | None = None
-    n: int = 1
+
+MAX_N = 16
+"""The most choices (``n``) one request asks for."""
+MAX_TOP_LOGPROBS = 20
+MAX_STOPS = 16
+MAX_STOP_CHARS = 1024
+
+Stop = Annotated[str, msgspec.Meta(max_length=MAX_STOP_CHARS)]
+Stops = Stop | Annotated[list[Stop], msgspec.Meta(max_length=MAX_STOPS)]
+Tokens = Annotated[int, msgspec.Meta(ge=1, title=BUDGET_TITLE)]
+"""A generation budget: at least one token (the model's context bounds it too)."""
+
+
+class SamplerFields(msgspec.Struct, kw_only=True):
+    """Sampling fields shared by chat, text completions and the Responses API (the ranges
+    the server enforces are part of the schema)."""
+
+    temperature: Annotated[float, _range(0.0, 2.0)] | None = None
+    top_p: Annotated[float, msgspec.Meta(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, msgspec.Meta(ge=-1)] | None = None
+    min_p: Annotated[float, _range(0.0, 1.0)] | None = None
+    repetition_penalty: Annotated[float, _range(0.01, 10.0)] | None = None
+    presence_penalty: Annotated[float, _range(-2.0, 2.0)] | None = None
+    frequency_penalty: Annotated[float, _range(-2.0, 2.0)] | None = None
+    logit_bias: dict[str, Annotated[float, _range(-100.0, 100.0)]] | None = None
+    seed: int | None = None  # 64 bits, signed or not (msgspec bounds fit int64 only)
+    n: Annotated[int, _range(1, MAX_N)] = 1
 
 
 class SamplingFields(SamplerFields, kw_only=True):
     """Fields shared by chat and text completions (with vLLM's generation extras)."""
 
     model: str | None = None
-    min_tokens: int = 0
+    min_tokens: Annotated[int, msgspec.Meta(ge=0, title=BUDGET_TITLE)] = 0
     ignore_eos: bool = False
-    stop_token_ids: list[int] | None = None
-    max_tokens: int | None = None
-    stop: str | list[str] | None = None
+    stop_token_ids: list[Annotated[int, msgspec.Meta(ge=0, title="token id")]] | None = None
+    max_tokens: Tokens | None = None
+    stop: Stops | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):
-    messages: list[Message]
-    max_completion_tokens: int | None = None
+    messages: Annotated[list[Message], msgspec.Meta(min_length=1)]
+    max_completion_tokens: Tokens | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    top_logprobs: Annotated[int, _range(0, MAX_TOP_LOGPROBS)] | None = None
+    tools: Annotated[list[dict[str, Any]] | None, _items(FUNCTION_TOOL)] = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
@@ -66,8 +139,16 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
 class CompletionRequest(SamplingFields, kw_only=True):
     # msgspec allows one array type per union: the element types are checked in
     # completions (one string, or token ids).
-    prompt: str | list[str | int]
-    logprobs: int | None = None
+    prompt: Annotated[
+        Annotated[str, msgspec.Meta(min_length=1)]
+        | Annotated[list[str | int], msgspec.Meta(min_length=1)],
+        # token ids, or one string (msgspec takes one array type per union)
+        msgspec.Meta(extra_json_schema={"allOf": [{"anyOf": [
+            {"items": PROMPT_TOKEN_ID},
+            {"maxItems": 1, "items": {"type": "string", "minLength": 1}},
+        ]}]}),
+    ]  # fmt: skip
+    logprobs: Annotated[int, _range(0, MAX_TOP_LOGPROBS)] | None = None
     echo: bool = False
-    suffix: str | None = None
+    suffix: Annotated[str, msgspec.Meta(max_length=0)] | None = None  # not supported
     response_format: dict[str, Any] | None = None

@@ -50,6 +50,8 @@ def _chat_part(part: Any) -> Any:
     if not isinstance(part, Mapping):
         return part
     kind = part.get("type")
+    if not isinstance(kind, str):
+        return part  # refused by the chat reader, naming the part
     if kind in TEXT_PARTS or kind == "refusal":
         return {"type": "text", "text": part.get("text", part.get("refusal"))}
     if kind == "input_image":
@@ -87,12 +89,15 @@ class _Messages:
 
     def message(self, item: Mapping[str, Any], where: str) -> None:
         role = item.get("role")
-        if role not in MESSAGE_ROLES:
+        if not isinstance(role, str) or role not in MESSAGE_ROLES:
             raise invalid(
                 f"role must be one of {', '.join(sorted(MESSAGE_ROLES))}, got {role!r}",
                 f"{where}.role",
             )
-        content = self._content(item.get("content"), where, media_ok=role == "user")
+        if item.get("content") is None:
+            raise invalid("a message item needs content (a string or a list of parts)",
+                          f"{where}.content")  # fmt: skip
+        content = self._content(item["content"], where, media_ok=role == "user")
         if role == "assistant":
             target = self._assistant()
             if target["content"] or target.get("tool_calls"):
@@ -231,7 +236,13 @@ def template_tools(
         name = tool.get("name")
         if not isinstance(name, str) or not name:
             raise invalid("a function tool needs a name", f"{where}.name")
-        function: dict[str, Any] = {"name": name, "parameters": tool.get("parameters") or {}}
+        parameters = tool.get("parameters")
+        parameters = {} if parameters is None else parameters
+        if not isinstance(parameters, Mapping):
+            raise invalid("a tool's parameters must be a JSON Schema object", f"{where}.parameters")
+        function: dict[str, Any] = {"name": name, "parameters": parameters}
+        if not isinstance(tool.get("description", ""), str | None):
+            raise invalid("a tool's description must be a string", f"{where}.description")
         if tool.get("description"):
             function["description"] = tool["description"]
         out.append({"type": "function", "function": function})

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any, cast
 
 import attrs
-from litestar import Request, delete, get, post
+from litestar import Request, get, post, route
 
 from mlxcore.builtin.openai import convert
 from mlxcore.builtin.openai.encode import new_id
@@ -35,6 +35,7 @@ from mlxcore.server.frontend import (
     served_name,
     unless_disconnected,
 )
+from mlxcore.server.openapi import ERRORS_OPTION
 from mlxcore.server.service import Generation, GenerationService
 from mlxcore.server.sse import EventStream, event_stream
 
@@ -101,15 +102,18 @@ def _template_kwargs(body: ResponsesRequest) -> dict[str, Any]:
     return kwargs
 
 
-def _tool_choice(choice: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+CHOICE_MODES = ("none", "auto", "required")
+
+
+def _tool_choice(choice: str | dict[str, Any] | None) -> Any:
     """A Responses ``tool_choice`` in Chat Completions' form (a string is checked with
     the chat fields)."""
     if choice is None or isinstance(choice, str):
         return choice
     if choice.get("type") == "function" and isinstance(choice.get("name"), str):
         return {"type": "function", "function": {"name": choice["name"]}}
-    if choice.get("type") in ("allowed_tools",):
-        return str(choice.get("mode", "auto"))
+    if choice.get("type") == "allowed_tools" and choice.get("mode", "auto") in CHOICE_MODES:
+        return choice.get("mode", "auto")
     raise invalid(
         "tool_choice must be none, auto, required or {type: function, name}", "tool_choice"
     )
@@ -348,29 +352,36 @@ def _stream(
     return event_stream(events(), error_frame)
 
 
-@get("/v1/responses/{response_id:str}")
-async def retrieve_response(request: Request[Any, Any, Any], response_id: str) -> dict[str, Any]:
-    """A stored response (or one still running, as it stands)."""
+@route("/v1/responses/{response_id:str}", http_method=["GET", "DELETE"], status_code=200)
+async def stored_response(request: Request[Any, Any, Any], response_id: str) -> dict[str, Any]:
+    """``GET``: a stored response (or one still running, as it stands). ``DELETE``: forget
+    a stored response. (One handler for both: Litestar's ``Allow`` header lists the
+    methods of the first handler of a path only.)"""
+    if request.method == "DELETE":
+        store_of(request).delete(response_id)
+        return {"id": response_id, "object": "response.deleted", "deleted": True}
     current = running_of(request).get(response_id)
     if current is not None:
         return current.response
     return store_of(request).get(response_id).response
 
 
-@delete("/v1/responses/{response_id:str}", status_code=200)
-async def delete_response(request: Request[Any, Any, Any], response_id: str) -> dict[str, Any]:
-    """Forget a stored response."""
-    store_of(request).delete(response_id)
-    return {"id": response_id, "object": "response.deleted", "deleted": True}
-
-
-@post("/v1/responses/{response_id:str}/cancel", status_code=200)
+@post(
+    "/v1/responses/{response_id:str}/cancel",
+    status_code=200,
+    opt={ERRORS_OPTION: {409: "the response is not in progress (only a running one can stop)"}},
+)
 async def cancel_response(request: Request[Any, Any, Any], response_id: str) -> dict[str, Any]:
     """Stop a response that is still being generated; it ends as ``cancelled``."""
     current = running_of(request).get(response_id)
     if current is None:
         store_of(request).get(response_id)  # 404 when unknown
-        raise invalid("only a response still in progress can be cancelled", "response_id")
+        raise APIError(
+            409,
+            "only a response still in progress can be cancelled",
+            param="response_id",
+            code="conflict",
+        )
     if current.generation.handle is not None:
         current.generation.handle.cancel()
     return dict(current.response, status="cancelled")
@@ -407,5 +418,5 @@ async def list_input_items(
     }
 
 
-ROUTES = [create_response, retrieve_response, delete_response, cancel_response, list_input_items]
+ROUTES = [create_response, stored_response, cancel_response, list_input_items]
 """Every Responses API route handler."""

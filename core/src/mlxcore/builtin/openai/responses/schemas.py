@@ -6,11 +6,11 @@ checked one by one, each error naming its place (``input[3].call_id``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
-from mlxcore.builtin.openai.schemas import SamplerFields
+from mlxcore.builtin.openai.schemas import SamplerFields, Tokens
 
 
 class TextConfig(msgspec.Struct, kw_only=True):
@@ -23,23 +23,112 @@ class ReasoningConfig(msgspec.Struct, kw_only=True):
     summary: str | None = None
 
 
+_TEXT_PART = {
+    "type": "object",
+    "properties": {
+        "type": {"enum": ["input_text", "output_text", "text"]},
+        "text": {"type": "string"},
+    },
+    "required": ["type", "text"],
+}
+_NAME = {"type": "string", "minLength": 1}
+INPUT_ITEM: dict[str, Any] = {
+    "anyOf": [
+        {
+            "type": "object",
+            "properties": {
+                "type": {"const": "message"},
+                "role": {"enum": ["user", "assistant", "system", "developer"]},
+                "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}]},
+            },
+            "required": ["role", "content"],
+        },
+        {
+            "type": "object",
+            "properties": {
+                "type": {"const": "function_call"},
+                "name": _NAME,
+                "call_id": _NAME,
+                "arguments": {"type": "string"},
+            },
+            "required": ["type", "name", "call_id"],
+        },
+        {
+            "type": "object",
+            "properties": {"type": {"const": "function_call_output"}, "call_id": _NAME},
+            "required": ["type", "call_id"],
+        },
+        {
+            "type": "object",
+            "properties": {"type": {"const": "reasoning"}, "summary": {"type": "array"}},
+            "required": ["type"],
+        },
+    ]
+}
+"""The input items the server reads (a media plugin adds image parts where it serves)."""
+
+
+TOOL: dict[str, Any] = {
+    "anyOf": [
+        {
+            "type": "object",
+            "properties": {
+                "type": {"const": "function"},
+                "name": _NAME,
+                "description": {"type": ["string", "null"]},
+                "parameters": {"type": ["object", "null"]},
+            },
+            "required": ["name"],
+        },
+        {
+            "type": "object",
+            "properties": {"type": {"const": "namespace"}, "tools": {"type": "array"}},
+            "required": ["type", "tools"],
+        },
+        {  # other kinds (web search, ...) are skipped with a warning
+            "type": "object",
+            "properties": {"type": {"type": "string", "not": {"enum": ["function", "namespace"]}}},
+            "required": ["type"],
+        },
+    ]
+}
+"""A tool as the server reads it: functions, namespaces of functions, kinds it skips."""
+
+
 class ResponsesRequest(SamplerFields, kw_only=True):
     model: str | None = None
-    input: str | list[dict[str, Any]] = ""
+    input: Annotated[
+        Annotated[str, msgspec.Meta(min_length=1)]
+        | Annotated[list[dict[str, Any]], msgspec.Meta(min_length=1)],
+        msgspec.Meta(extra_json_schema={"items": INPUT_ITEM}),
+    ]
     instructions: str | None = None
     previous_response_id: str | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tools: Annotated[
+        list[dict[str, Any]] | None, msgspec.Meta(extra_json_schema={"items": TOOL})
+    ] = None
+    tool_choice: Annotated[
+        Literal["none", "auto", "required"] | dict[str, Any] | None,
+        msgspec.Meta(extra_json_schema={"allOf": [{"anyOf": [
+            {"type": ["string", "null"]},
+            {"type": "object", "properties": {"type": {"const": "function"}, "name": _NAME},
+             "required": ["type", "name"]},
+            {"type": "object", "properties": {"type": {"const": "allowed_tools"},
+             "mode": {"enum": ["none", "auto", "required"]}}, "required": ["type"]},
+        ]}]}),
+    ] = None  # fmt: skip
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
     reasoning: ReasoningConfig | None = None
-    max_output_tokens: int | None = None
+    max_output_tokens: Tokens | None = None
     truncation: str | None = None
     metadata: dict[str, Any] | None = None
     include: list[str] | None = None
     store: bool = True
     stream: bool = False
-    background: bool = False
+    background: Annotated[bool, msgspec.Meta(extra_json_schema={"const": False})] = (
+        False  # unsupported
+    )
     user: str | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None

@@ -1,0 +1,109 @@
+"""The server's /openapi.json as a contract, checked by Schemathesis.
+
+Schemathesis (pinned in the dev group) generates requests from the document: schema-valid
+ones must be accepted, schema-violating ones refused with a 4xx, no response may be a 5xx
+or a status the document does not list, and each response must match what the document
+says. Two kinds of refusal are a model's limits that a JSON Schema cannot state, and are
+let through by the hook in ``contract_checks.py``: a prompt (of any length) plus its
+``max_tokens`` beyond the context (400 ``context_length_exceeded``), ``min_tokens`` above
+``max_tokens``, and a constraint that cannot be held (400 ``invalid_constraint``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+EXCLUDED_CHECKS = (
+    "positive_data_acceptance",  # replaced by contract_checks.accepted_within_model_limits
+    "ignored_auth",  # no keys configured: every request is meant to pass
+)
+SERVE_FLAGS = ("--max-model-len", "512")
+"""A small context bounds the longest generation a drawn ``max_tokens`` can ask for."""
+
+
+def _stored_response(base_url: str, model: str) -> str:
+    """The id of a stored response, for the routes that read one back."""
+    body = {"model": model, "input": "hello", "max_output_tokens": 4, "store": True}
+    reply = httpx.post(f"{base_url}/v1/responses", json=body, timeout=120)
+    reply.raise_for_status()
+    return str(reply.json()["id"])
+
+
+def _config(path: Path, model: str, response_id: str) -> Path:
+    path.write_text(
+        f'[parameters]\n"path.model_id" = "{model}"\n"path.response_id" = "{response_id}"\n'
+    )
+    return path
+
+
+def _summary(output: str) -> tuple[int, list[str]]:
+    """Test cases generated, and one line per failure kind, from Schemathesis' summary."""
+    generated = re.search(r"(\d+) generated", output)
+    kinds = re.findall(r"❌ (ST\d+ [^:\n]+: \d+)", output)
+    errors = re.findall(r"🚫 ([A-Z][^:\n]+: \d+)", output)
+    return (int(generated.group(1)) if generated else 0), kinds + errors
+
+
+def run(base_url: str, logs: Path, *, examples: int, seed: int) -> tuple[dict[str, Any], list[str]]:
+    """Run Schemathesis against ``base_url``; its figures, and a problem per failure kind."""
+    model = httpx.get(f"{base_url}/v1/models", timeout=30).json()["data"][0]["id"]
+    config = _config(logs / "schemathesis.toml", model, _stored_response(base_url, model))
+    here = Path(__file__).resolve().parent
+    env = {
+        **os.environ,
+        "SCHEMATHESIS_HOOKS": "contract_checks",
+        "PYTHONPATH": os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")]),
+    }
+    st = Path(sys.executable).with_name("st")
+    command = [
+        str(st),
+        "--config-file",
+        str(config),
+        "run",
+        f"{base_url}/openapi.json",
+        "--checks",
+        "all",
+        "--exclude-checks",
+        ",".join(EXCLUDED_CHECKS),
+        "--exclude-path-regex",
+        "/unload$",  # the fuzzed model must stay loaded (unload has its own tests)
+        "--request-timeout",
+        "120",
+        "--max-response-time",
+        "120",  # a generation up to the context is legitimately slow on a CPU
+        "--max-examples",
+        str(examples),
+        "--seed",
+        str(seed),
+        "--output-truncate",
+        "true",
+        "--warnings",
+        "off",
+    ]
+    started = time.monotonic()
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    seconds = round(time.monotonic() - started, 1)
+    output = done.stdout + done.stderr
+    (logs / "schemathesis.out").write_text(output)
+    generated, failures = _summary(output)
+    problems = [f"schemathesis: {line}" for line in failures]
+    if done.returncode != 0 and not problems:
+        problems.append(f"schemathesis exited {done.returncode}: {output[-2000:]}")
+    if problems:
+        print(output[-8000:])
+    figures = {
+        "test cases": generated,
+        "seed": seed,
+        "max examples per operation": examples,
+        "seconds": seconds,
+        "exit code": done.returncode,
+    }
+    return figures, problems

@@ -1,0 +1,47 @@
+"""Schemathesis hooks for the contract run (loaded through ``SCHEMATHESIS_HOOKS``).
+
+``accepted_within_model_limits`` is Schemathesis' ``positive_data_acceptance`` less the
+refusals a JSON Schema cannot state: a prompt plus ``max_tokens`` beyond the model's
+context, ``min_tokens`` above ``max_tokens``, ``top_logprobs`` without ``logprobs``, and a
+constraint the server cannot hold
+(``invalid_constraint``: a ``tool_choice`` the ``tools`` do not meet, a ``response_format``
+schema the structured-output compiler does not take). Any other refusal of a schema-valid
+request still fails the run.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import schemathesis
+from schemathesis.specs.openapi.checks import positive_data_acceptance
+
+RELATIONS = (("min_tokens", "max_tokens"), ("top_logprobs", "logprobs"))
+"""Fields whose allowed values depend on another field's (the second named): the
+document says so in prose only."""
+
+
+def _model_limit(body: bytes) -> bool:
+    try:
+        error = json.loads(body).get("error") or {}
+    except (ValueError, AttributeError):
+        return False
+    if not isinstance(error, dict):
+        return False
+    message = str(error.get("message", ""))
+    if error.get("code") in ("context_length_exceeded", "invalid_constraint"):
+        return True
+    for field, other in RELATIONS:
+        if error.get("param") == field and other in message:
+            return True
+    # Anthropic's error shape has no code: its context refusal names the context
+    return error.get("type") == "invalid_request_error" and "model's context" in message
+
+
+@schemathesis.check
+def accepted_within_model_limits(ctx: Any, response: Any, case: Any) -> bool | None:
+    """Schema-valid requests are accepted unless they pass the model's limits."""
+    if response.status_code == 400 and _model_limit(response.content):
+        return None
+    return positive_data_acceptance(ctx, response, case)
