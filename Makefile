@@ -49,7 +49,7 @@ test: setup lint typecheck
 test-long: setup
 	$(PY) scripts/pytest-openblas -n 2 --dist loadfile --durations=15 -m long $(PYTEST_ARGS)
 
-# The reliability suite (not part of `make test`): fuzz, 200/500-connection waves, a
+# The reliability suite (not part of `make test`): fuzz, the OpenAPI contract, 200/500-connection waves, a
 # disconnect storm, fault injection and a 10-minute soak; ARGS=--smoke for a 2-minute subset.
 reliability: setup
 	$(PY) scripts/reliability $(ARGS)

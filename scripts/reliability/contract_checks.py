@@ -22,6 +22,15 @@ RELATIONS = (("min_tokens", "max_tokens"), ("top_logprobs", "logprobs"))
 document says so in prose only."""
 
 
+ANTHROPIC_LIMITS = (
+    "model's context",
+    "tool_choice needs tools",
+    "not in tools (",
+    "at least one tool",
+)
+"""The words of the same refusals in Anthropic's error shape (which has no code)."""
+
+
 def _model_limit(body: bytes) -> bool:
     try:
         error = json.loads(body).get("error") or {}
@@ -35,8 +44,9 @@ def _model_limit(body: bytes) -> bool:
     for field, other in RELATIONS:
         if error.get("param") == field and other in message:
             return True
-    # Anthropic's error shape has no code: its context refusal names the context
-    return error.get("type") == "invalid_request_error" and "model's context" in message
+    # Anthropic's error shape has no code: its refusals are known by their words
+    words = ANTHROPIC_LIMITS
+    return error.get("type") == "invalid_request_error" and any(w in message for w in words)
 
 
 @schemathesis.check

@@ -80,6 +80,11 @@ CASES = [
         ),
         False,
     ),
+    (
+        CHAT,
+        chat(messages=[*USER, {"role": "assistant", "tool_calls": [{"function": {"name": ""}}]}]),
+        False,
+    ),
     (COMPLETIONS, {"prompt": [52.0, 7], "max_tokens": 2}, True),
     (EMBEDDINGS, {"input": [217, 622.0]}, True),
     (MESSAGES, {"max_tokens": 2, "messages": USER, "system": [{}]}, False),
@@ -94,6 +99,8 @@ CASES = [
     (RESPONSES, {"input": "hi", "background": True}, False),
     (RESPONSES, {"input": "hi", "tool_choice": {}}, False),
     (RESPONSES, {"input": "hi", "tools": [{}]}, False),
+    (RESPONSES, {"input": "hi", "tools": [{"type": 5, "name": "f"}]}, False),
+    (RESPONSES, {"input": "hi", "n": 2}, False),
     (RESPONSES, {"input": "hi", "max_output_tokens": 2.0}, True),
 ]
 

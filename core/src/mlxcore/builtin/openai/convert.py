@@ -146,7 +146,7 @@ def _tool_calls(calls: list[dict[str, Any]], where: str) -> list[dict[str, Any]]
     out = []
     for i, call in enumerate(calls):
         fn = call.get("function")
-        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or not fn["name"]:
             raise invalid("a tool call needs function.name", f"{where}.tool_calls[{i}]")
         args: Any = fn.get("arguments", "{}")
         if not isinstance(args, str | Mapping):

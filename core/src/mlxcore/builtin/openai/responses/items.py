@@ -223,6 +223,8 @@ def template_tools(
 
     def add(tool: Mapping[str, Any], where: str, namespace: str | None) -> None:
         kind = tool.get("type", "function")
+        if not isinstance(kind, str):
+            raise invalid("a tool's type must be a string", f"{where}.type")
         if kind == "namespace":
             inner = tool.get("tools")
             if not isinstance(inner, list):

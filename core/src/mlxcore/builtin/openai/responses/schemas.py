@@ -96,6 +96,7 @@ TOOL: dict[str, Any] = {
 
 
 class ResponsesRequest(SamplerFields, kw_only=True):
+    n: Annotated[int, msgspec.Meta(ge=1, le=1)] = 1  # not a Responses field: one output
     model: str | None = None
     input: Annotated[
         Annotated[str, msgspec.Meta(min_length=1)]
