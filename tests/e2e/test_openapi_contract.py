@@ -101,6 +101,7 @@ CASES = [
     (RESPONSES, {"input": "hi", "tools": [{}]}, False),
     (RESPONSES, {"input": "hi", "tools": [{"type": 5, "name": "f"}]}, False),
     (RESPONSES, {"input": "hi", "n": 2}, False),
+    (RESPONSES, {"input": "hi", "tools": [{"type": "namespace", "tools": [None]}]}, False),
     (RESPONSES, {"input": "hi", "max_output_tokens": 2.0}, True),
 ]
 

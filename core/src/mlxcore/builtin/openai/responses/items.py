@@ -230,6 +230,8 @@ def template_tools(
             if not isinstance(inner, list):
                 raise invalid("a namespace tool needs a tools list", f"{where}.tools")
             for j, sub in enumerate(inner):
+                if not isinstance(sub, Mapping):
+                    raise invalid("each tool must be an object", f"{where}.tools[{j}]")
                 add(sub, f"{where}.tools[{j}]", str(tool.get("name") or ""))
             return
         if kind != "function":

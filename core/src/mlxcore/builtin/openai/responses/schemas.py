@@ -82,7 +82,10 @@ TOOL: dict[str, Any] = {
         },
         {
             "type": "object",
-            "properties": {"type": {"const": "namespace"}, "tools": {"type": "array"}},
+            "properties": {
+                "type": {"const": "namespace"},
+                "tools": {"type": "array", "items": {"type": "object"}},
+            },
             "required": ["type", "tools"],
         },
         {  # other kinds (web search, ...) are skipped with a warning
