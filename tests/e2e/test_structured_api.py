@@ -9,6 +9,7 @@ from typing import Any
 import anthropic
 import openai
 import pytest
+from tool_definitions import TIME
 
 from mlxcore.testing.server import Server
 
@@ -34,18 +35,6 @@ WEATHER = {
             "type": "object",
             "properties": {"city": {"type": "string", "maxLength": 10}},
             "required": ["city"],
-            "additionalProperties": False,
-        },
-    },
-}
-TIME = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "parameters": {
-            "type": "object",
-            "properties": {"zone": {"enum": ["UTC", "CET"]}},
-            "required": ["zone"],
             "additionalProperties": False,
         },
     },

@@ -16,6 +16,7 @@ import anthropic
 import httpx
 import openai
 import pytest
+from tool_definitions import TIME
 
 from mlxcore.models.default import ensure_default_model
 from mlxcore.testing.server import Server
@@ -33,18 +34,6 @@ PERSON = {
     "additionalProperties": False,
 }
 FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
-TIME = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "parameters": {
-            "type": "object",
-            "properties": {"zone": {"enum": ["UTC", "CET"]}},
-            "required": ["zone"],
-            "additionalProperties": False,
-        },
-    },
-}
 ENDLESS = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}
 THINKING = {"on": {}, "off": {"chat_template_kwargs": {"enable_thinking": False}}}
 

@@ -10,6 +10,7 @@ such as a 405, on its paths).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -36,6 +37,11 @@ from mlxcore.server.router import ModelRouter, ModelSlot
 log = logging.getLogger(__name__)
 
 OPEN_PATHS = frozenset({"/health", "/"})
+
+
+def _keyed(config: ServerConfig) -> bool:
+    """Whether API keys guard the server (then the open routes name no model)."""
+    return bool(config.api_key or config.api_keys_file)
 
 
 @get("/health")
@@ -67,7 +73,7 @@ async def health(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
             "mlx_cache_bytes": int(stats["memory_cache_bytes"]),
         },
     }
-    if not (config.api_key or config.api_keys_file):  # /health is open: name nothing
+    if not _keyed(config):  # /health is open: name nothing behind a key
         body["model"] = router.default.spec.name
         if not router.single:
             body["models"] = {slot.spec.name: slot.state for slot in router.slots}
@@ -86,7 +92,7 @@ async def root(request: Request[Any, Any, Any]) -> dict[str, Any]:
     """``GET /``: what this server is (clients such as Claude Code probe it)."""
     router: ModelRouter = request.app.state.router
     body: dict[str, Any] = {"object": "server", "name": "mlxcore", "status": "ok"}
-    if not (request.app.state.config.api_key or request.app.state.config.api_keys_file):
+    if not _keyed(request.app.state.config):
         body["model"] = router.default.spec.name
     return body
 
@@ -188,13 +194,8 @@ def create_app(
     core = RouteTable()
     core.add("mlxcore", [root, root_head, health, health_head, metrics, *model_routes()])
     routes = hooks.routes(config, core).handlers
-    made: dict[str, Any] = {}
-
-    def document() -> dict[str, Any]:
-        # built at the first ask, once the default model (and its limits) is loaded
-        if "document" not in made:
-            made["document"] = openapi_document(routes, limits=_limits(router))
-        return made["document"]
+    # built at the first ask, once the default model (and its limits) is loaded
+    document = functools.cache(lambda: openapi_document(routes, limits=_limits(router)))
 
     @get("/openapi.json", media_type="application/json")
     async def openapi_json() -> dict[str, Any]:

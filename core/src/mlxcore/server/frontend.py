@@ -112,6 +112,7 @@ async def decode_request(
         raise APIError(408, "the request body did not arrive in time", code="timeout") from None
     try:
         raw.decode("utf-8")  # msgspec does not check the keys it skips
+        # every body is walked: fields typed Any (embeddings' input) are read as ints too
         document = _integral_floats(msgspec.json.decode(raw))
         body = msgspec.convert(document, body_type)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:

@@ -81,7 +81,7 @@ def below(n: int) -> str:
             top = int(digit) - 1
             rest = "[0-9]" * (len(digits) - i - 1)
             alternatives.append(digits[:i] + f"[{low}-{top}]" + rest)
-    if len(digits) > 1 or digits != "0":
+    if digits != "0":
         alternatives.append(digits)
     return "^(" + "|".join(dict.fromkeys(alternatives)) + ")$"
 
@@ -89,7 +89,8 @@ def below(n: int) -> str:
 def _limit(components: dict[str, Any], limits: ModelLimits) -> None:
     """Put the model's bounds into the request schemas (in place)."""
     vocab, hidden = limits.vocab_size, limits.hidden_size
-    _bound_token_ids(components, limits)
+    tops = {"token id": vocab, "prompt token id": limits.prompt_vocab, BUDGET_TITLE: limits.context}
+    _bound_marked(components, {title: top - 1 for title, top in tops.items() if top})
     for schema in components.values():
         props = schema.get("properties", {}) if isinstance(schema, dict) else {}
         if vocab and "logit_bias" in props:
@@ -98,24 +99,18 @@ def _limit(components: dict[str, Any], limits: ModelLimits) -> None:
             props["dimensions"]["maximum"] = hidden
 
 
-def _bound_token_ids(node: Any, limits: ModelLimits) -> None:
-    """Give every :data:`TOKEN_ID`, :data:`PROMPT_TOKEN_ID` and token budget under
-    ``node`` its maximum."""
+def _bound_marked(node: Any, maxima: dict[str, int]) -> None:
+    """Give every integer schema under ``node`` whose title is a key of ``maxima`` (the
+    :data:`TOKEN_ID`, :data:`PROMPT_TOKEN_ID` and :data:`BUDGET_TITLE` markers) its maximum."""
     if isinstance(node, list):
         for item in node:
-            _bound_token_ids(item, limits)
+            _bound_marked(item, maxima)
     elif isinstance(node, dict):
         title = node.get("title")
-        if node.get("type") == "integer" and isinstance(title, str):
-            top = {
-                "token id": limits.vocab_size,
-                "prompt token id": limits.prompt_vocab,
-                BUDGET_TITLE: limits.context,
-            }.get(title)
-            if top:
-                node["maximum"] = top - 1
+        if node.get("type") == "integer" and isinstance(title, str) and title in maxima:
+            node["maximum"] = maxima[title]
         for value in node.values():
-            _bound_token_ids(value, limits)
+            _bound_marked(value, maxima)
 
 
 def openapi_document(

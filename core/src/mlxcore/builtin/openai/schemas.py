@@ -6,6 +6,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from mlxcore.engine.validation import MAX_STOP_CHARS, MAX_STOPS, MAX_TOP_LOGPROBS
 from mlxcore.server.openapi import BUDGET_TITLE, PROMPT_TOKEN_ID
 
 
@@ -23,6 +24,7 @@ TEXT_PART: dict[str, Any] = {
     "required": ["type", "text"],
 }
 """A text content part (a media plugin's parts are accepted where the model takes them)."""
+NAME: dict[str, Any] = {"type": "string", "minLength": 1}
 
 TOOL_CALL: dict[str, Any] = {
     "type": "object",
@@ -32,7 +34,7 @@ TOOL_CALL: dict[str, Any] = {
         "function": {
             "type": "object",
             "properties": {
-                "name": {"type": "string", "minLength": 1},
+                "name": NAME,
                 "arguments": {"anyOf": [{"type": "string"}, {"type": "object"}]},
             },
             "required": ["name"],
@@ -48,7 +50,7 @@ FUNCTION_TOOL: dict[str, Any] = {
         "function": {
             "type": "object",
             "properties": {
-                "name": {"type": "string", "minLength": 1},
+                "name": NAME,
                 "description": {"type": ["string", "null"]},
                 "parameters": {"type": ["object", "null"]},
             },
@@ -84,9 +86,6 @@ def _range(low: float, high: float) -> Any:
 
 MAX_N = 16
 """The most choices (``n``) one request asks for."""
-MAX_TOP_LOGPROBS = 20
-MAX_STOPS = 16
-MAX_STOP_CHARS = 1024
 
 Stop = Annotated[str, msgspec.Meta(max_length=MAX_STOP_CHARS)]
 Stops = Stop | Annotated[list[Stop], msgspec.Meta(max_length=MAX_STOPS)]

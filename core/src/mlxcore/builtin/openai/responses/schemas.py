@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from mlxcore.builtin.openai.schemas import SamplerFields, Tokens
+from mlxcore.builtin.openai.schemas import NAME, TEXT_PART, SamplerFields, Tokens
 
 
 class TextConfig(msgspec.Struct, kw_only=True):
@@ -23,15 +23,6 @@ class ReasoningConfig(msgspec.Struct, kw_only=True):
     summary: str | None = None
 
 
-_TEXT_PART = {
-    "type": "object",
-    "properties": {
-        "type": {"enum": ["input_text", "output_text", "text"]},
-        "text": {"type": "string"},
-    },
-    "required": ["type", "text"],
-}
-_NAME = {"type": "string", "minLength": 1}
 INPUT_ITEM: dict[str, Any] = {
     "anyOf": [
         {
@@ -39,7 +30,7 @@ INPUT_ITEM: dict[str, Any] = {
             "properties": {
                 "type": {"const": "message"},
                 "role": {"enum": ["user", "assistant", "system", "developer"]},
-                "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}]},
+                "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": TEXT_PART}]},
             },
             "required": ["role", "content"],
         },
@@ -47,15 +38,15 @@ INPUT_ITEM: dict[str, Any] = {
             "type": "object",
             "properties": {
                 "type": {"const": "function_call"},
-                "name": _NAME,
-                "call_id": _NAME,
+                "name": NAME,
+                "call_id": NAME,
                 "arguments": {"type": "string"},
             },
             "required": ["type", "name", "call_id"],
         },
         {
             "type": "object",
-            "properties": {"type": {"const": "function_call_output"}, "call_id": _NAME},
+            "properties": {"type": {"const": "function_call_output"}, "call_id": NAME},
             "required": ["type", "call_id"],
         },
         {
@@ -74,7 +65,7 @@ TOOL: dict[str, Any] = {
             "type": "object",
             "properties": {
                 "type": {"const": "function"},
-                "name": _NAME,
+                "name": NAME,
                 "description": {"type": ["string", "null"]},
                 "parameters": {"type": ["object", "null"]},
             },
@@ -115,7 +106,7 @@ class ResponsesRequest(SamplerFields, kw_only=True):
         Literal["none", "auto", "required"] | dict[str, Any] | None,
         msgspec.Meta(extra_json_schema={"allOf": [{"anyOf": [
             {"type": ["string", "null"]},
-            {"type": "object", "properties": {"type": {"const": "function"}, "name": _NAME},
+            {"type": "object", "properties": {"type": {"const": "function"}, "name": NAME},
              "required": ["type", "name"]},
             {"type": "object", "properties": {"type": {"const": "allowed_tools"},
              "mode": {"enum": ["none", "auto", "required"]}}, "required": ["type"]},
