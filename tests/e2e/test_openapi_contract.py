@@ -85,6 +85,16 @@ CASES = [
         chat(messages=[*USER, {"role": "assistant", "tool_calls": [{"function": {"name": ""}}]}]),
         False,
     ),
+    (
+        CHAT,
+        chat(
+            messages=[
+                *USER,
+                {"role": "assistant", "tool_calls": [{"type": 1, "function": {"name": "f"}}]},
+            ]
+        ),
+        False,
+    ),
     (COMPLETIONS, {"prompt": [52.0, 7], "max_tokens": 2}, True),
     (EMBEDDINGS, {"input": [217, 622.0]}, True),
     (MESSAGES, {"max_tokens": 2, "messages": USER, "system": [{}]}, False),

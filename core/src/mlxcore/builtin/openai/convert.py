@@ -148,6 +148,8 @@ def _tool_calls(calls: list[dict[str, Any]], where: str) -> list[dict[str, Any]]
         fn = call.get("function")
         if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str) or not fn["name"]:
             raise invalid("a tool call needs function.name", f"{where}.tool_calls[{i}]")
+        if call.get("type", "function") != "function":
+            raise invalid("a tool call's type must be function", f"{where}.tool_calls[{i}].type")
         args: Any = fn.get("arguments", "{}")
         if not isinstance(args, str | Mapping):
             at = f"{where}.tool_calls[{i}].function.arguments"
