@@ -60,6 +60,7 @@ class ApiKey:
     priority: str = "normal"
     requests: collections.deque[float] = attrs.field(factory=collections.deque)
     tokens: collections.deque[tuple[float, int]] = attrs.field(factory=collections.deque)
+    tokens_in_window: int = 0  # the sum of ``tokens``, kept as they come and go
     counts: collections.Counter[str] = attrs.field(factory=collections.Counter)
     _lock: threading.Lock = attrs.field(factory=threading.Lock)
 
@@ -79,7 +80,7 @@ class ApiKey:
             ):
                 wait = max(wait, self.requests[0] + WINDOW - now)
             if self.tokens_per_minute is not None:
-                used = sum(n for _, n in self.tokens)
+                used = self.tokens_in_window
                 if used >= self.tokens_per_minute and self.tokens:
                     wait = max(wait, self._tokens_free_at(used) - now)
             if wait > 0:
@@ -93,13 +94,14 @@ class ApiKey:
         """Count ``tokens`` (prompt + completion) of a finished generation."""
         with self._lock:
             self.tokens.append((now, tokens))
+            self.tokens_in_window += tokens
             self.counts["tokens"] += tokens
 
     def _expire(self, now: float) -> None:
         while self.requests and self.requests[0] <= now - WINDOW:
             self.requests.popleft()
         while self.tokens and self.tokens[0][0] <= now - WINDOW:
-            self.tokens.popleft()
+            self.tokens_in_window -= self.tokens.popleft()[1]
 
     def _tokens_free_at(self, used: int) -> float:
         """When enough of the window's tokens have left it to be under the limit."""
