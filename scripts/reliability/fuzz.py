@@ -22,9 +22,10 @@ from hypothesis import strategies as st
 
 GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses")
 CAPPED_LIMIT = 256
-"""/v1/messages serves a max_tokens beyond the context up to the context (Anthropic's
-max_tokens is a cap): a drawn 10**9 is a legitimately long generation, not a fault, so
-the fuzz keeps it at this many tokens to finish in minutes."""
+"""The longest generation budget the fuzz keeps: the document allows budgets up to the
+context (and /v1/messages caps any max_tokens at the context), legitimately long
+generations, not faults, so drawn budgets are cut to this many tokens to finish in
+minutes."""
 EXTREMES = [0, -1, 1, 2**31, 2**63, 2**64, -(2**63), 1e308, -1e308, 1e-300, 0.5, 3, 100000]
 NUMERIC_FIELDS = (
     "temperature",
@@ -165,8 +166,10 @@ def _bounded(path: str, body: Any, rng: random.Random) -> Any:
         body.pop("max_completion_tokens", None)
         if isinstance(body.get("n"), int) and body["n"] > 2:
             body["n"] = 2
-    elif path == "/v1/messages" and isinstance(body.get(field), int):
-        body = {**body, field: min(body[field], CAPPED_LIMIT)}
+    else:  # the schema bounds budgets by the context only: a valid 8,000 would take hours
+        for name in (field, "max_completion_tokens", "min_tokens"):
+            if isinstance(body.get(name), int):
+                body = {**body, name: min(body[name], CAPPED_LIMIT)}
     return body
 
 
