@@ -161,11 +161,11 @@ def _bounded(path: str, body: Any, rng: random.Random) -> Any:
     if not isinstance(body, dict) or path not in GENERATION_ROUTES:
         return body
     field = "max_output_tokens" if path == "/v1/responses" else "max_tokens"
+    if isinstance(body.get("n"), int) and body["n"] > 2:
+        body = {**body, "n": 2}  # 16 choices of 256 tokens each: minutes behind a queue
     if rng.random() < 0.8:
         body = {**body, field: rng.randint(1, 16)}
         body.pop("max_completion_tokens", None)
-        if isinstance(body.get("n"), int) and body["n"] > 2:
-            body["n"] = 2
     else:  # the schema bounds budgets by the context only: a valid 8,000 would take hours
         for name in (field, "max_completion_tokens", "min_tokens"):
             if isinstance(body.get(name), int):
