@@ -232,7 +232,7 @@ async def send_all(
                 try:
                     problem, status = await _one(client, req)
                 except httpx.HTTPError as exc:
-                    where = f"{req['method']} {req['path']}"
+                    where = f"{req['method']} {req['path']} {req['content'][:400]!r}"
                     problems.append(f"{where}: {type(exc).__name__} {exc}")
                     continue
                 statuses[status] = statuses.get(status, 0) + 1
