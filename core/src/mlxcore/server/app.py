@@ -30,7 +30,17 @@ from mlxcore.server.errors import APIError, api_error_handler
 from mlxcore.server.keys import KeyCollector, KeyTable, current_key, retry_after
 from mlxcore.server.metrics import Metrics
 from mlxcore.server.model_routes import model_routes
-from mlxcore.server.openapi import ModelLimits, docs_page, openapi_document
+from mlxcore.server.openapi import (
+    INTEGER,
+    REPLIES_OPTION,
+    STRING,
+    ModelLimits,
+    const,
+    docs_page,
+    obj,
+    openapi_document,
+    reply,
+)
 from mlxcore.server.protocol import header_timeout_protocol
 from mlxcore.server.router import ModelRouter, ModelSlot
 
@@ -44,7 +54,42 @@ def _keyed(config: ServerConfig) -> bool:
     return bool(config.api_key or config.api_keys_file)
 
 
-@get("/health")
+_BYTES = [
+    "weights_bytes",
+    "kv_reserved_bytes",
+    "prefix_cache_bytes",
+    "mlx_active_bytes",
+    "mlx_cache_bytes",
+]
+HEALTH = obj(
+    {
+        "status": {"enum": ["ok", "unavailable"]},
+        "engine": STRING,
+        "running": INTEGER,
+        "waiting": INTEGER,
+        "restarts": INTEGER,
+        "memory": obj(dict.fromkeys(_BYTES, INTEGER)),
+    },
+    {
+        "model": STRING,
+        "models": {"type": "object", "additionalProperties": STRING},
+        "reason": STRING,
+    },
+    title="Health",
+)
+"""What ``/health`` answers (200 or 503)."""
+SERVER = obj({"object": const("server"), "name": STRING, "status": STRING}, {"model": STRING})
+
+
+@get(
+    "/health",
+    opt={
+        REPLIES_OPTION: {
+            200: reply("serving", HEALTH),
+            503: reply("an engine restarts, has failed, or the server shuts down", HEALTH),
+        }
+    },
+)
 async def health(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
     """Readiness and load: 200 while the loaded engines serve, 503 (with the reason) while
     one restarts after a fault, has failed for good, or shuts down. Load and memory are
@@ -87,7 +132,7 @@ async def health_head() -> None:
     """``HEAD /health`` for load balancers and uptime probes: 200, no body."""
 
 
-@get("/")
+@get("/", opt={REPLIES_OPTION: {200: reply("this server", SERVER)}})
 async def root(request: Request[Any, Any, Any]) -> dict[str, Any]:
     """``GET /``: what this server is (clients such as Claude Code probe it)."""
     router: ModelRouter = request.app.state.router
@@ -102,7 +147,11 @@ async def root_head() -> None:
     """``HEAD /``: 200, no body (a reachability probe)."""
 
 
-@get("/metrics", media_type="text/plain; version=0.0.4")
+@get(
+    "/metrics",
+    media_type="text/plain; version=0.0.4",
+    opt={REPLIES_OPTION: {200: reply("Prometheus text", STRING, media_type="text/plain")}},
+)
 async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Prometheus metrics."""
     metrics_: Metrics = request.app.state.metrics

@@ -9,10 +9,51 @@ from litestar import Request, get, post
 from litestar.handlers import HTTPRouteHandler
 
 from mlxcore.server.errors import APIError
+from mlxcore.server.metrics import MODEL_STATES
+from mlxcore.server.openapi import (
+    BOOLEAN,
+    ERRORS_OPTION,
+    INTEGER,
+    REPLIES_OPTION,
+    STRING,
+    array,
+    const,
+    nullable,
+    obj,
+    reply,
+)
 from mlxcore.server.router import ModelRouter, ModelSlot
 
 CREATED = 0
 """``created`` of every model entry (OpenAI's field; mlxcore does not track it)."""
+
+
+_STATE = {
+    "state": {"enum": list(MODEL_STATES)},
+    "context_length": nullable(INTEGER),
+    "aliases": array(STRING),
+    "task": STRING,
+    "pinned": BOOLEAN,
+}
+MODEL_STATE = obj(
+    {"id": STRING, "object": const("model"), **_STATE}, {"error": STRING}, title="ModelState"
+)
+"""What the load and unload routes answer: the model and its state."""
+MODEL = obj(
+    {
+        "id": STRING,
+        "object": const("model"),
+        "created": INTEGER,
+        "owned_by": STRING,
+        "root": STRING,
+        "parent": {"type": "null"},
+        **_STATE,
+    },
+    {"error": STRING, "alias_of": STRING},
+    title="Model",
+)
+"""One entry of ``/v1/models``."""
+MODEL_LIST = obj({"object": const("list"), "data": array(MODEL)}, title="ModelList")
 
 
 def _router(request: Request[Any, Any, Any]) -> ModelRouter:
@@ -42,7 +83,7 @@ def _entries(router: ModelRouter, slot: ModelSlot) -> list[dict[str, Any]]:
     return entries
 
 
-@get("/v1/models")
+@get("/v1/models", opt={REPLIES_OPTION: {200: reply("every model", MODEL_LIST)}})
 async def list_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
     """Every model and alias, with its state (``not_loaded``, ``loading``, ``loaded``,
     ``failed``) and context length."""
@@ -64,7 +105,7 @@ def _known(router: ModelRouter, model_id: str) -> ModelSlot:
     return slot
 
 
-@get("/v1/models/{model_id:str}")
+@get("/v1/models/{model_id:str}", opt={REPLIES_OPTION: {200: reply("the model", MODEL)}})
 async def retrieve_model(request: Request[Any, Any, Any], model_id: str) -> dict[str, Any]:
     """One model (or alias) by name."""
     router = _router(request)
@@ -72,7 +113,11 @@ async def retrieve_model(request: Request[Any, Any, Any], model_id: str) -> dict
     return next(e for e in _entries(router, slot) if e["id"] == model_id)
 
 
-@post("/v1/models/{model_id:str}/load", status_code=200)
+@post(
+    "/v1/models/{model_id:str}/load",
+    status_code=200,
+    opt={REPLIES_OPTION: {200: reply("loaded", MODEL_STATE)}},
+)
 async def load_model(request: Request[Any, Any, Any], model_id: str) -> dict[str, Any]:
     """Load a model now (after a failure too); answers once it is loaded."""
     router = _router(request)
@@ -81,7 +126,14 @@ async def load_model(request: Request[Any, Any, Any], model_id: str) -> dict[str
     return {"id": slot.spec.name, "object": "model", **router.describe(slot)}
 
 
-@post("/v1/models/{model_id:str}/unload", status_code=200)
+@post(
+    "/v1/models/{model_id:str}/unload",
+    status_code=200,
+    opt={
+        REPLIES_OPTION: {200: reply("unloaded", MODEL_STATE)},
+        ERRORS_OPTION: {409: "the model has requests in flight"},
+    },
+)
 async def unload_model(request: Request[Any, Any, Any], model_id: str) -> dict[str, Any]:
     """Unload a model that is not in use (409 while it has requests in flight; a pinned
     model can be unloaded only this way)."""

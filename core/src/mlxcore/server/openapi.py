@@ -27,6 +27,65 @@ BODY_OPTION = "body"
 ERRORS_OPTION = "errors"
 """Handler ``opt`` key: the statuses a route answers beyond the common ones
 (``{"409": "why"}``)."""
+QUERY_OPTION = "query"
+"""Handler ``opt`` key: the route's query parameters (``{name: schema}``), all optional."""
+REPLIES_OPTION = "replies"
+"""Handler ``opt`` key: what a route answers, by status (``{200: reply(...)}``); a named
+schema (one with a ``title``) becomes a component."""
+
+EVENT_STREAM: dict[str, Any] = {"type": "string", "description": "server-sent events"}
+"""The schema of a ``text/event-stream`` body (events are described with each route)."""
+STRING: dict[str, Any] = {"type": "string"}
+INTEGER: dict[str, Any] = {"type": "integer"}
+NUMBER: dict[str, Any] = {"type": "number"}
+BOOLEAN: dict[str, Any] = {"type": "boolean"}
+OBJECT: dict[str, Any] = {"type": "object"}
+
+
+def nullable(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` or ``null``."""
+    return {"anyOf": [schema, {"type": "null"}]}
+
+
+def const(value: Any) -> dict[str, Any]:
+    """Exactly ``value``."""
+    return {"const": value}
+
+
+def array(items: dict[str, Any]) -> dict[str, Any]:
+    """A list of ``items``."""
+    return {"type": "array", "items": items}
+
+
+def obj(
+    required: dict[str, Any], optional: dict[str, Any] | None = None, *, title: str | None = None
+) -> dict[str, Any]:
+    """An object schema: ``required`` fields always present, ``optional`` ones sometimes
+    (other fields are allowed: plugins add to usage and the like)."""
+    schema: dict[str, Any] = {
+        "type": "object",
+        "properties": {**required, **(optional or {})},
+        "required": list(required),
+    }
+    if title is not None:
+        schema["title"] = title
+    return schema
+
+
+def reply(
+    description: str,
+    schema: dict[str, Any],
+    *,
+    media_type: str = "application/json",
+    streams: bool = False,
+) -> dict[str, Any]:
+    """A documented answer: ``schema`` as ``media_type``, and server-sent events too when
+    the route ``streams`` (``stream: true``)."""
+    content = {media_type: {"schema": schema}}
+    if streams:
+        content["text/event-stream"] = {"schema": EVENT_STREAM}
+    return {"description": description, "content": content}
+
 
 ERROR_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -137,7 +196,6 @@ def openapi_document(
             if handler.fn.__doc__
             else handler.handler_name,
             "responses": {
-                "200": {"description": "OK (JSON, or text/event-stream when streaming)"},
                 "400": _error("the request is invalid"),
                 "401": _error("missing or wrong API key"),
                 "404": _error("unknown model or route"),
@@ -147,6 +205,13 @@ def openapi_document(
         }
         for status, why in handler.opt.get(ERRORS_OPTION, {}).items():
             operation["responses"][str(status)] = _error(why)
+        for status, answer in handler.opt.get(REPLIES_OPTION, {}).items():
+            operation["responses"][str(status)] = _named(answer, components)
+        if "200" not in operation["responses"]:
+            operation["responses"]["200"] = {"description": "OK"}
+        operation["responses"] = dict(sorted(operation["responses"].items()))
+        for name, schema in handler.opt.get(QUERY_OPTION, {}).items():
+            parameters.append({"name": name, "in": "query", "required": False, "schema": schema})
         if parameters:
             operation["parameters"] = parameters
         body = handler.opt.get(BODY_OPTION)
@@ -186,6 +251,19 @@ def _path_parameters(path: str) -> tuple[str, list[dict[str, Any]]]:
         for name, kind in _PARAMETER.findall(path)
     ]
     return _PARAMETER.sub(lambda m: "{" + m.group(1) + "}", path), parameters
+
+
+def _named(answer: dict[str, Any], components: dict[str, Any]) -> dict[str, Any]:
+    """``answer`` with each named schema moved to ``components`` and referred to."""
+    content = {}
+    for media_type, entry in answer["content"].items():
+        schema = entry["schema"]
+        name = schema.get("title")
+        if name is not None:
+            components[name] = schema
+            schema = {"$ref": f"#/components/schemas/{name}"}
+        content[media_type] = {"schema": schema}
+    return {**answer, "content": content}
 
 
 def _error(description: str) -> dict[str, Any]:

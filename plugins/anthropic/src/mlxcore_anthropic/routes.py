@@ -21,6 +21,7 @@ from mlxcore.server.frontend import (
     served_name,
     unless_disconnected,
 )
+from mlxcore.server.openapi import BODY_OPTION, ERRORS_OPTION, REPLIES_OPTION, reply
 from mlxcore.server.service import Generation, GenerationService, collect
 from mlxcore.server.sse import event_stream
 from mlxcore_anthropic import convert
@@ -34,6 +35,7 @@ from mlxcore_anthropic.encode import (
     stop_reason,
     usage_body,
 )
+from mlxcore_anthropic.replies import MESSAGE, TOKEN_COUNT
 from mlxcore_anthropic.schemas import CountTokensRequest, MessagesRequest
 
 
@@ -111,7 +113,15 @@ def _forced_tool_choice(
     return Constraint(value, lambda: parser)
 
 
-@post("/messages", status_code=200, opt={"body": MessagesRequest})
+@post(
+    "/messages",
+    status_code=200,
+    opt={
+        BODY_OPTION: MessagesRequest,
+        REPLIES_OPTION: {200: reply("the message", MESSAGE, streams=True)},
+        ERRORS_OPTION: {529: "overloaded; retry after Retry-After seconds"},
+    },
+)
 async def messages(request: Request[Any, Any, Any]) -> Any:
     """Anthropic Messages."""
     body, extras = await decode_request(request, MessagesRequest)
@@ -168,7 +178,15 @@ async def _events(
     yield event("message_stop", {"type": "message_stop"})
 
 
-@post("/messages/count_tokens", status_code=200, opt={"body": CountTokensRequest})
+@post(
+    "/messages/count_tokens",
+    status_code=200,
+    opt={
+        BODY_OPTION: CountTokensRequest,
+        REPLIES_OPTION: {200: reply("the count", TOKEN_COUNT)},
+        ERRORS_OPTION: {529: "overloaded; retry after Retry-After seconds"},
+    },
+)
 async def count_tokens(request: Request[Any, Any, Any]) -> dict[str, int]:
     """How many input tokens a Messages request's prompt has."""
     body = await decode_body(request, CountTokensRequest)

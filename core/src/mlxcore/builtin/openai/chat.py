@@ -21,6 +21,7 @@ from mlxcore.builtin.openai.encode import (
     tool_call_head,
     usage_body,
 )
+from mlxcore.builtin.openai.replies import CHAT_COMPLETION
 from mlxcore.builtin.openai.schemas import ChatCompletionRequest, StreamOptions
 from mlxcore.output import OutputDelta
 from mlxcore.server import builder
@@ -31,6 +32,7 @@ from mlxcore.server.frontend import (
     served_name,
     unless_disconnected,
 )
+from mlxcore.server.openapi import BODY_OPTION, REPLIES_OPTION, reply
 from mlxcore.server.service import Generation, GenerationService, collect, merge_streams
 
 
@@ -78,7 +80,14 @@ def build_generations(
     return builder.build_generations(svc, request_spec(svc, body, extras))
 
 
-@post("/v1/chat/completions", status_code=200, opt={"body": ChatCompletionRequest})
+@post(
+    "/v1/chat/completions",
+    status_code=200,
+    opt={
+        BODY_OPTION: ChatCompletionRequest,
+        REPLIES_OPTION: {200: reply("the completion", CHAT_COMPLETION, streams=True)},
+    },
+)
 async def chat_completions(request: Request[Any, Any, Any]) -> Any:
     """OpenAI chat completions."""
     body, options = await decode_request(request, ChatCompletionRequest)

@@ -20,6 +20,7 @@ from mlxcore.builtin.openai.encode import (
     sse,
     usage_body,
 )
+from mlxcore.builtin.openai.replies import TEXT_COMPLETION
 from mlxcore.builtin.openai.schemas import CompletionRequest, StreamOptions
 from mlxcore.output import OutputDelta
 from mlxcore.server import builder
@@ -31,6 +32,7 @@ from mlxcore.server.frontend import (
     served_name,
     unless_disconnected,
 )
+from mlxcore.server.openapi import BODY_OPTION, REPLIES_OPTION, reply
 from mlxcore.server.service import Generation, GenerationService, collect, merge_streams
 
 
@@ -88,7 +90,14 @@ def build_generations(
     return builder.build_generations(svc, request_spec(svc, body, extras))
 
 
-@post("/v1/completions", status_code=200, opt={"body": CompletionRequest})
+@post(
+    "/v1/completions",
+    status_code=200,
+    opt={
+        BODY_OPTION: CompletionRequest,
+        REPLIES_OPTION: {200: reply("the completion", TEXT_COMPLETION, streams=True)},
+    },
+)
 async def completions(request: Request[Any, Any, Any]) -> Any:
     """OpenAI (legacy) text completions."""
     body, options = await decode_request(request, CompletionRequest)

@@ -11,11 +11,12 @@ from typing import Annotated, Any, Literal
 import msgspec
 from litestar import Request, post
 
+from mlxcore.builtin.openai.replies import EMBEDDING_LIST
 from mlxcore.embeddings import EmbeddingError, embed_tokens, hidden_size
 from mlxcore.engine.threads import call_on_worker
 from mlxcore.server.errors import APIError, invalid, overloaded
 from mlxcore.server.frontend import decode_body, model_service, served_name, unless_disconnected
-from mlxcore.server.openapi import TOKEN_ID
+from mlxcore.server.openapi import BODY_OPTION, REPLIES_OPTION, TOKEN_ID, reply
 from mlxcore.server.service import GenerationService
 
 MAX_INPUTS = 2048
@@ -107,7 +108,14 @@ def _encode(vector: list[float], encoding: str) -> list[float] | str:
     return vector
 
 
-@post("/v1/embeddings", status_code=200, opt={"body": EmbeddingRequest})
+@post(
+    "/v1/embeddings",
+    status_code=200,
+    opt={
+        BODY_OPTION: EmbeddingRequest,
+        REPLIES_OPTION: {200: reply("the embeddings", EMBEDDING_LIST)},
+    },
+)
 async def create_embeddings(request: Request[Any, Any, Any]) -> dict[str, Any]:
     """OpenAI embeddings: one vector per input, in order."""
     body = await decode_body(request, EmbeddingRequest)

@@ -20,6 +20,11 @@ from mlxcore.builtin.openai import convert
 from mlxcore.builtin.openai.encode import new_id
 from mlxcore.builtin.openai.responses import items as item_conv
 from mlxcore.builtin.openai.responses.events import OutputWriter, new_item_id
+from mlxcore.builtin.openai.responses.replies import (
+    INPUT_ITEMS,
+    RESPONSE,
+    STORED_OR_DELETED,
+)
 from mlxcore.builtin.openai.responses.schemas import ResponsesRequest
 from mlxcore.builtin.openai.responses.store import ResponseStore, not_found
 from mlxcore.builtin.openai.schemas import ChatCompletionRequest
@@ -35,7 +40,13 @@ from mlxcore.server.frontend import (
     served_name,
     unless_disconnected,
 )
-from mlxcore.server.openapi import ERRORS_OPTION
+from mlxcore.server.openapi import (
+    BODY_OPTION,
+    ERRORS_OPTION,
+    QUERY_OPTION,
+    REPLIES_OPTION,
+    reply,
+)
 from mlxcore.server.service import Generation, GenerationService
 from mlxcore.server.sse import EventStream, event_stream
 
@@ -259,7 +270,14 @@ def _final(
     return out
 
 
-@post("/v1/responses", status_code=200, opt={"body": ResponsesRequest})
+@post(
+    "/v1/responses",
+    status_code=200,
+    opt={
+        BODY_OPTION: ResponsesRequest,
+        REPLIES_OPTION: {200: reply("the response", RESPONSE, streams=True)},
+    },
+)
 async def create_response(request: Request[Any, Any, Any]) -> Any:
     """OpenAI Responses: create a model response."""
     body, extras = await decode_request(request, ResponsesRequest)
@@ -352,7 +370,12 @@ def _stream(
     return event_stream(events(), error_frame)
 
 
-@route("/v1/responses/{response_id:str}", http_method=["GET", "DELETE"], status_code=200)
+@route(
+    "/v1/responses/{response_id:str}",
+    http_method=["GET", "DELETE"],
+    status_code=200,
+    opt={REPLIES_OPTION: {200: reply("the response, or its deletion", STORED_OR_DELETED)}},
+)
 async def stored_response(request: Request[Any, Any, Any], response_id: str) -> dict[str, Any]:
     """``GET``: a stored response (or one still running, as it stands). ``DELETE``: forget
     a stored response. (One handler for both: Litestar's ``Allow`` header lists the
@@ -369,7 +392,10 @@ async def stored_response(request: Request[Any, Any, Any], response_id: str) -> 
 @post(
     "/v1/responses/{response_id:str}/cancel",
     status_code=200,
-    opt={ERRORS_OPTION: {409: "the response is not in progress (only a running one can stop)"}},
+    opt={
+        ERRORS_OPTION: {409: "the response is not in progress (only a running one can stop)"},
+        REPLIES_OPTION: {200: reply("the response, cancelled", RESPONSE)},
+    },
 )
 async def cancel_response(request: Request[Any, Any, Any], response_id: str) -> dict[str, Any]:
     """Stop a response that is still being generated; it ends as ``cancelled``."""
@@ -387,7 +413,17 @@ async def cancel_response(request: Request[Any, Any, Any], response_id: str) -> 
     return dict(current.response, status="cancelled")
 
 
-@get("/v1/responses/{response_id:str}/input_items")
+@get(
+    "/v1/responses/{response_id:str}/input_items",
+    opt={
+        REPLIES_OPTION: {200: reply("a page of input items", INPUT_ITEMS)},
+        QUERY_OPTION: {
+            "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20},
+            "order": {"enum": ["asc", "desc"], "default": "desc"},
+            "after": {"type": "string", "description": "the id of the item to list after"},
+        },
+    },
+)
 async def list_input_items(
     request: Request[Any, Any, Any],
     response_id: str,

@@ -1,0 +1,143 @@
+"""What the routes answer is what /openapi.json says they answer: every 200 (and /health's
+503) has a documented content type and schema, and real answers of every shape (tool
+calls, reasoning, logprobs, several choices, base64 embeddings, stored responses) match
+it. Schemathesis checks the same over generated requests (``make reliability``, part
+``contract``); this test covers the shapes random requests rarely reach.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import jsonschema_rs
+import pytest
+
+if TYPE_CHECKING:
+    from mlxcore.testing.server import Server
+
+pytestmark = pytest.mark.e2e
+
+THINK_AND_CALL = (
+    "<think>\nI should look it up.\n</think>\n\n"
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+)
+WEATHER = {
+    "name": "get_weather",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+USER = [{"role": "user", "content": "weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def http(scripted_server: Server) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=scripted_server.base_url, timeout=60) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def document(http: httpx.Client) -> dict[str, Any]:
+    return http.get("/openapi.json").json()  # type: ignore[no-any-return]
+
+
+def check(
+    document: dict[str, Any], method: str, path: str, answer: httpx.Response
+) -> dict[str, Any]:
+    """``answer`` (to ``method path``, a path template) has a documented status and content
+    type, and its JSON body matches the documented schema; the body."""
+    responses = document["paths"][path][method.lower()]["responses"]
+    assert str(answer.status_code) in responses, (method, path, answer.status_code)
+    content = responses[str(answer.status_code)].get("content", {})
+    media_type = answer.headers["content-type"].split(";")[0].strip()
+    assert media_type in content, (method, path, media_type, list(content))
+    if media_type != "application/json":
+        return {}
+    schema = {**content[media_type]["schema"], "components": document["components"]}
+    body: dict[str, Any] = answer.json()
+    errors = [str(e) for e in jsonschema_rs.validator_for(schema).iter_errors(body)]
+    assert not errors, (method, path, errors[:3], body)
+    return body
+
+
+def test_every_success_is_documented(document: dict[str, Any]) -> None:
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            ok = operation["responses"]["200"]
+            assert ok.get("content"), (method, path)
+
+
+def test_server_and_model_routes(http: httpx.Client, document: dict[str, Any]) -> None:
+    check(document, "GET", "/", http.get("/"))
+    health = check(document, "GET", "/health", http.get("/health"))
+    assert health["status"] == "ok"
+    models = check(document, "GET", "/v1/models", http.get("/v1/models"))
+    name = models["data"][0]["id"]
+    check(document, "GET", "/v1/models/{model_id}", http.get(f"/v1/models/{name}"))
+    check(document, "POST", "/v1/models/{model_id}/load", http.post(f"/v1/models/{name}/load"))
+    check(document, "GET", "/metrics", http.get("/metrics"))
+
+
+def test_chat_and_completions(http: httpx.Client, document: dict[str, Any]) -> None:
+    path = "/v1/chat/completions"
+    calls = {
+        "messages": USER,
+        "max_tokens": 60,
+        "tools": [{"type": "function", "function": WEATHER}],
+        "test_script": THINK_AND_CALL,
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
+    body = check(document, "POST", path, http.post(path, json=calls))
+    message = body["choices"][0]["message"]
+    assert message["tool_calls"] and message["reasoning_content"]
+    body = check(document, "POST", path, http.post(path, json={**calls, "n": 2}))
+    assert len(body["choices"]) == 2
+    check(document, "POST", path, http.post(path, json={**calls, "stream": True}))
+    path = "/v1/completions"
+    text = {"prompt": "Once", "max_tokens": 3, "logprobs": 2, "echo": True}
+    body = check(document, "POST", path, http.post(path, json=text))
+    assert body["choices"][0]["logprobs"]["tokens"]
+    check(document, "POST", path, http.post(path, json={**text, "stream": True}))
+    path = "/v1/embeddings"
+    for encoding in ("float", "base64"):
+        vectors = {"input": ["a", "b"], "encoding_format": encoding}
+        check(document, "POST", path, http.post(path, json=vectors))
+
+
+def test_responses(http: httpx.Client, document: dict[str, Any]) -> None:
+    path = "/v1/responses"
+    ask = {
+        "input": "weather in Paris?",
+        "max_output_tokens": 60,
+        "tools": [{"type": "function", **WEATHER}],
+        "test_script": THINK_AND_CALL,
+    }
+    body = check(document, "POST", path, http.post(path, json=ask))
+    assert {item["type"] for item in body["output"]} == {"reasoning", "function_call"}
+    check(document, "POST", path, http.post(path, json={**ask, "stream": True}))
+    one = "/v1/responses/{response_id}"
+    stored = f"/v1/responses/{body['id']}"
+    check(document, "GET", one, http.get(stored))
+    items = check(document, "GET", one + "/input_items", http.get(stored + "/input_items"))
+    assert items["data"]
+    check(document, "POST", one + "/cancel", http.post(stored + "/cancel"))  # 409
+    check(document, "DELETE", one, http.delete(stored))
+    check(document, "GET", one, http.get(stored))  # 404 now
+
+
+def test_messages(http: httpx.Client, document: dict[str, Any]) -> None:
+    path = "/v1/messages"
+    ask = {
+        "max_tokens": 60,
+        "messages": USER,
+        "tools": [{"name": WEATHER["name"], "input_schema": WEATHER["parameters"]}],
+        "thinking": {"type": "enabled", "budget_tokens": 1024},
+        "test_script": THINK_AND_CALL,
+    }
+    body = check(document, "POST", path, http.post(path, json=ask))
+    assert [block["type"] for block in body["content"]] == ["thinking", "tool_use"]
+    check(document, "POST", path, http.post(path, json={**ask, "stream": True}))
+    count = {"messages": USER}
+    path = "/v1/messages/count_tokens"
+    check(document, "POST", path, http.post(path, json=count))
