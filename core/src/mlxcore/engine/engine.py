@@ -316,6 +316,13 @@ class Engine:
             log.exception("a strategy's stats() failed")
         return out
 
+    def memory_held(self) -> int:
+        """Bytes this engine holds or has promised beside its weights: the caches its
+        admitted requests may grow to, and its prefix cache (any thread). With several
+        models, each engine's admission counts the others' (see ``memory_elsewhere``)."""
+        loop = self._loop
+        return self._reserved(loop) + loop.cache.stats().nbytes
+
     # -- queue (caller holds the lock) -----------------------------------------
 
     def _drop_cancelled_waiting(self) -> None:
@@ -351,10 +358,11 @@ class Engine:
         send(handle, FinishEvent(reason, usage, error or None, code))
 
     def _reserved(self, loop: BatchLoop) -> int:
-        """Cache bytes the admitted requests may grow to (prompt + max_tokens each)."""
+        """Cache bytes the admitted requests may grow to (prompt + max_tokens each; any
+        thread: the running set is copied first)."""
         return sum(
             self.memory.cost(len(live.request.prompt_tokens) + live.request.max_tokens)
-            for live in loop.live.values()
+            for live in list(loop.live.values())
         )
 
     def _take_waiting(self, loop: BatchLoop) -> list[RequestHandle]:

@@ -11,7 +11,8 @@ a load would exceed the budget, the least recently used model that is neither pi
 busy (see :attr:`GenerationService.busy`, and used in the last :data:`LEASE_SECONDS`) is
 unloaded first; if only busy models stand in the way the load waits for one to finish
 (up to ``--max-queue-wait``), and if pinned ones alone leave too little it is refused.
-Each engine's admission also subtracts the other models' weights from its KV budget.
+Each engine's admission also subtracts what the other models hold from its KV budget:
+their weights, the caches their admitted requests may grow to, and their prefix caches.
 
 A failed load (missing folder, broken weights, not enough memory) fails the requests for
 that model with a 503 that says why; it is retried after :data:`RETRY_FAILED_SECONDS`
@@ -206,7 +207,7 @@ class ModelRouter:
                 log.info("loading model %s", name)
                 started = time.perf_counter()
                 runtime = await asyncio.wrap_future(
-                    call_on_worker(lambda: self.build(slot.spec, lambda: self._held(slot)))
+                    call_on_worker(lambda: self.build(slot.spec, lambda: self._elsewhere(slot)))
                 )
                 runtime.engine.start()
             except Exception as exc:
@@ -231,6 +232,17 @@ class ModelRouter:
     def _held(self, slot: ModelSlot) -> int:
         """Weight bytes of the loaded models other than ``slot``."""
         return sum(s.footprint for s in self.loaded() if s is not slot)
+
+    def _elsewhere(self, slot: ModelSlot) -> int:
+        """What the loaded models other than ``slot`` hold: weights, the caches their
+        admitted requests may grow to, and their prefix caches (read by ``slot``'s engine
+        whenever it admits, so one budget covers every model's KV)."""
+        total = 0
+        for other in self.loaded():
+            service = other.service  # read once: an unload may clear it meanwhile
+            if other is not slot and service is not None:
+                total += other.footprint + service.runtime.engine.memory_held()
+        return total
 
     async def _make_room(self, slot: ModelSlot) -> None:
         """Unload least recently used idle models until ``slot`` fits the budget."""
