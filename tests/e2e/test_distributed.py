@@ -313,6 +313,52 @@ def test_losing_a_rank_ends_every_open_request_and_the_group(logs: Path, how: in
         group.stop()
 
 
+def test_an_engine_fault_fails_one_request_or_stops_the_whole_group(logs: Path) -> None:
+    """With the fault-injection plugin on both ranks: a request that makes every decode
+    step of its batch raise is found on every rank alike (the batch retried without half
+    of it) and fails alone while the others finish and the group serves on; a fault that
+    escapes the step ends every open request, ``/health`` turns 503, and both ranks exit
+    non-zero well before the step deadline (a distributed engine does not restart)."""
+    group = launch_group(build_test_model("qwen3"), logs, "--plugin", "mlxcore.testing.faults")
+    try:
+        api = client(group)
+        model = api.models.list().data[0].id
+
+        def ask(i: int, fault: str | None = None) -> str:
+            extra = {"fault": fault} if fault else {}
+            try:
+                r = api.chat.completions.create(
+                    model=model,
+                    messages=user(f"count {i}"),
+                    max_tokens=24,
+                    temperature=0,
+                    extra_body=extra,
+                )
+                return r.choices[0].finish_reason or ""
+            except (openai.APIError, httpx.HTTPError) as exc:
+                return type(exc).__name__
+
+        with concurrent.futures.ThreadPoolExecutor(5) as pool:
+            done = list(pool.map(ask, range(5), [None, None, "decoder:poison", None, None]))
+        assert done[2] not in ("length", "stop")
+        assert [d for i, d in enumerate(done) if i != 2] == ["length"] * 4
+        assert group.health()["status"] == "ok"
+        assert ask(9) == "length"
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            running = [pool.submit(ask, i) for i in range(3)]
+            faulted_at = time.monotonic()
+            fault = pool.submit(ask, 3, "decoder-remove:raise")
+            outcomes = [f.result(timeout=60) for f in [*running, fault]]
+        assert "length" not in outcomes[3]
+        code = group.proc.wait(timeout=60)
+        assert code != 0
+        assert time.monotonic() - faulted_at < 20  # the step deadline: no rank waited it out
+        assert "a distributed engine does not restart" in group.log()
+    finally:
+        group.stop()
+
+
 @pytest.mark.parametrize(
     ("arch", "overrides", "mode", "reason"),
     [

@@ -76,6 +76,7 @@ class PlainDecoder(Decoder):
     """
 
     name = "plain"
+    runs_in_lockstep = True
     supports_position_offset = True
     supports_kv_quantization = True
 

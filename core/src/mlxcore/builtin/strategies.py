@@ -53,6 +53,7 @@ class ChunkedPrefill(PrefillStrategy):
     """
 
     name = "chunked"
+    runs_in_lockstep = True
 
     def __init__(
         self, model: Any, step_size: int = 2048, kv_quant: KVQuantization | None = None

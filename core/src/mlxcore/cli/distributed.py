@@ -44,11 +44,6 @@ log = logging.getLogger(__name__)
 EXIT_RANK_LOST = 70
 """Exit status of a rank whose group lost a member (as a failed engine's)."""
 
-SUPPORTED = {"decoder": ("plain",), "prefill": ("chunked",)}
-"""The strategies that run in lockstep today (the others read the clock or keep state
-rank 0 would have to send: refused at start-up, never silently off)."""
-
-
 def parallel_mode(config: ServerConfig) -> str:
     """``tensor`` or ``pipeline`` from the flags (tensor when neither is given)."""
     if config.tensor_parallel and config.pipeline_parallel:
@@ -82,12 +77,12 @@ def join(config: ServerConfig, plugins: list[str]) -> tuple[Any, ParallelPlan, C
 def refuse_unsupported(rt: Runtime) -> None:
     """Refuse, on every rank alike, what cannot run in lockstep."""
     engine = rt.engine
-    if engine.decoder.name not in SUPPORTED["decoder"]:
+    if not engine.decoder.runs_in_lockstep:
         raise UsageError(
             f"decoder {engine.decoder.name!r} does not run distributed yet (its off-switch "
             "reads each rank's clock); serve without its plugin or without --distributed"
         )
-    if engine.prefill.name not in SUPPORTED["prefill"]:
+    if not engine.prefill.runs_in_lockstep:
         raise UsageError(
             f"prefill strategy {engine.prefill.name!r} does not run distributed yet; "
             "serve without its plugin or without --distributed"

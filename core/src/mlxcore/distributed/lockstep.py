@@ -165,6 +165,9 @@ class Lockstep:
         self._settings_sent = False
         self._pauses = 0
         self.stopped = False
+        self.lost = False
+        """An exchange failed or the checksums differed: the group is broken (no
+        further exchange is tried)."""
         self.weights_mib: list[int] = []
         """Each rank's share of the weights, in MiB, by rank (set at start-up)."""
 
@@ -202,8 +205,10 @@ class Lockstep:
         try:
             payload, checksums = self.channel.exchange(data, self._digest)
         except MlxcoreError as exc:
+            self.lost = True
             raise RanksDisagree(str(exc)) from exc
         if len(set(checksums)) > 1:
+            self.lost = True
             raise RanksDisagree(
                 f"the ranks sampled different tokens (checksums {checksums} after "
                 f"{self.steps} steps): a rank was lost, or their shards or flags differ"
@@ -221,6 +226,13 @@ class Lockstep:
             "checks": self.checks,
             **{f"rank{r}_weights_bytes": mib * 2**20 for r, mib in enumerate(self.weights_mib)},
         }
+
+    def fault_note(self, exc: BaseException | None) -> str:
+        """How the reason of an engine fault ends (``exc``: what escaped the step, or
+        ``None`` for a step that made no progress): a distributed engine does not restart."""
+        if self.lost or exc is None:
+            return "; a rank of the distributed group was lost or diverged (see the server logs)"
+        return "; a distributed engine does not restart: the group stops"
 
     # -- rank 0 ------------------------------------------------------------------
 
@@ -264,8 +276,9 @@ class Lockstep:
         return list(handles)
 
     def close(self) -> None:
-        """Rank 0 is stopping: tell the other ranks to leave their loop."""
-        if self.stopped:
+        """Rank 0 is stopping (or its engine failed): tell the other ranks to leave their
+        loop, unless the group is already broken."""
+        if self.stopped or self.lost:
             return
         self.stopped = True
         self._exchange(StepMessage(stop=True).encode())

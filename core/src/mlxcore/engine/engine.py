@@ -430,6 +430,8 @@ class Engine:
                 except Exception as exc:
                     self._busy_since = None
                     if not self._recover(epoch, exc):
+                        if self.state == "failed":
+                            self._close_sync()  # followers stop now, not at their deadline
                         return
                     continue
                 self._busy_since = None
@@ -499,7 +501,7 @@ class Engine:
             if epoch != self._epoch:
                 return False
             self.faults["exception"] += 1
-            reason = f"engine fault ({type(exc).__name__}){self._restart_note()}"
+            reason = f"engine fault ({type(exc).__name__}){self._restart_note(exc)}"
             self._loop.fail_all(reason, UNAVAILABLE)
             self._end_waiting(UNAVAILABLE, reason)
             if not self._may_restart(reason):
@@ -507,11 +509,11 @@ class Engine:
         release_memory()
         return self._install_fresh_loop(epoch)
 
-    def _restart_note(self) -> str:
+    def _restart_note(self, exc: BaseException | None = None) -> str:
         """How a fault's reason ends: the engine restarts, or (distributed) it cannot."""
         if self.step_sync is None:
             return "; restarting"
-        return "; a rank of the distributed group was lost or diverged (see the server logs)"
+        return self.step_sync.fault_note(exc)
 
     def _may_restart(self, reason: str) -> bool:
         """Count a restart, or mark the engine failed for good (caller holds the lock)."""

@@ -55,6 +55,11 @@ class StepSync(Protocol):
         """The engine stops: tell the others."""
         ...
 
+    def fault_note(self, exc: BaseException | None) -> str:
+        """The end of an engine fault's reason (``exc``: what escaped a step; ``None``:
+        a step that made no progress)."""
+        ...
+
     def stats(self) -> dict[str, float]:
         """Gauges for ``/metrics``."""
         ...

@@ -279,6 +279,10 @@ class PrefillStrategy(abc.ABC):
     """
 
     name: ClassVar[str]
+    runs_in_lockstep: ClassVar[bool] = False
+    """True when what the strategy does follows from the requests and the model alone (no
+    clock, no measurements), so ranks of a distributed engine running it stay in step;
+    ``--distributed`` refuses a strategy without it."""
 
     @abc.abstractmethod
     def prefill(self, task: PrefillTask) -> PrefillGenerator:
@@ -382,6 +386,10 @@ class Decoder(abc.ABC):
     """
 
     name: ClassVar[str]
+    runs_in_lockstep: ClassVar[bool] = False
+    """True when the decoder's steps follow from the requests and the model alone (a
+    speculative decoder's off-switch reads the clock: it does not); ``--distributed``
+    refuses a decoder without it."""
     supports_position_offset: ClassVar[bool] = False
     """True when the decoder honours :attr:`DecodeSequence.position_offset` (needed
     by media requests on M-RoPE models); the engine fails such a request otherwise."""
