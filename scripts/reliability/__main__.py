@@ -252,6 +252,11 @@ def main(argv: list[str] | None = None) -> int:
             if "soak" in args.only:
                 results["soak"] = run_soak(logs, args.model, args.soak_seconds)
         finally:
+            report = logs / "schemathesis.out"
+            if report.exists():  # the whole report, beside the figures
+                kept = args.out.with_name(args.out.stem + "-schemathesis.txt")
+                kept.write_text(report.read_text(errors="replace"))
+                print(f"\nSchemathesis' report: {kept}")
             for path in sorted(logs.glob("*.log")):
                 text = path.read_text(errors="replace")
                 if "Traceback" in text and "InjectedFault" not in text:

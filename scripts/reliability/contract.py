@@ -29,18 +29,11 @@ SERVE_FLAGS = ("--max-model-len", "512")
 """A small context bounds the longest generation a drawn ``max_tokens`` can ask for."""
 
 
-def _stored_response(base_url: str, model: str) -> str:
-    """The id of a stored response, for the routes that read one back."""
-    body = {"model": model, "input": "hello", "max_output_tokens": 4, "store": True}
-    reply = httpx.post(f"{base_url}/v1/responses", json=body, timeout=120)
-    reply.raise_for_status()
-    return str(reply.json()["id"])
-
-
-def _config(path: Path, model: str, response_id: str) -> Path:
-    path.write_text(
-        f'[parameters]\n"path.model_id" = "{model}"\n"path.response_id" = "{response_id}"\n'
-    )
+def _config(path: Path, model: str) -> Path:
+    """Schemathesis' configuration: the served model for ``{model_id}``. A response id is
+    left to the stateful phase, which reads it from a created response (a fixed one would
+    be deleted by the first DELETE, and later 404s would look like lost resources)."""
+    path.write_text(f'[parameters]\n"path.model_id" = "{model}"\n')
     return path
 
 
@@ -55,7 +48,7 @@ def _summary(output: str) -> tuple[int, list[str]]:
 def run(base_url: str, logs: Path, *, examples: int, seed: int) -> tuple[dict[str, Any], list[str]]:
     """Run Schemathesis against ``base_url``; its figures, and a problem per failure kind."""
     model = httpx.get(f"{base_url}/v1/models", timeout=30).json()["data"][0]["id"]
-    config = _config(logs / "schemathesis.toml", model, _stored_response(base_url, model))
+    config = _config(logs / "schemathesis.toml", model)
     here = Path(__file__).resolve().parent
     env = {
         **os.environ,

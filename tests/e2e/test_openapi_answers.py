@@ -7,6 +7,7 @@ it. Schemathesis checks the same over generated requests (``make reliability``, 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -51,13 +52,50 @@ def check(
     content = responses[str(answer.status_code)].get("content", {})
     media_type = answer.headers["content-type"].split(";")[0].strip()
     assert media_type in content, (method, path, media_type, list(content))
+    schema = content[media_type]["schema"]
+    if media_type == "text/event-stream":
+        events = server_sent_events(answer.text)
+        assert events, (method, path)
+        for event in events:
+            check_event(schema, event, document["components"])
+        return {}
     if media_type != "application/json":
         return {}
-    schema = {**content[media_type]["schema"], "components": document["components"]}
     body: dict[str, Any] = answer.json()
-    errors = [str(e) for e in jsonschema_rs.validator_for(schema).iter_errors(body)]
-    assert not errors, (method, path, errors[:3], body)
+    matches(schema, body, document["components"])
     return body
+
+
+def matches(schema: dict[str, Any], value: Any, components: dict[str, Any]) -> None:
+    validator = jsonschema_rs.validator_for({**schema, "components": components})
+    errors = [str(e) for e in validator.iter_errors(value)]
+    assert not errors, (errors[:3], value)
+
+
+def server_sent_events(text: str) -> list[dict[str, str]]:
+    """The events of a stream as a client reads them (``event`` defaults to ``message``;
+    comments such as keep-alives are skipped)."""
+    events = []
+    for block in text.split("\n\n"):
+        fields = dict(
+            line.split(": ", 1) for line in block.splitlines() if line and not line.startswith(":")
+        )
+        if "data" in fields:
+            events.append({"event": fields.get("event", "message"), "data": fields["data"]})
+    return events
+
+
+def check_event(schema: dict[str, Any], event: dict[str, str], components: dict[str, Any]) -> None:
+    """One event against its documented schema: its fields, then its data (JSON that
+    matches ``contentSchema``, unless it is the stream's closing word such as ``[DONE]``)."""
+    matches(schema, event, components)
+    data = schema["properties"]["data"]
+    if "else" in schema:
+        if event["data"] == schema["if"]["properties"]["data"]["const"]:
+            return
+        data = schema["else"]["properties"]["data"]
+    assert data["contentMediaType"] == "application/json"
+    matches(data["contentSchema"], json.loads(event["data"]), components)
 
 
 def test_every_success_is_documented(document: dict[str, Any]) -> None:
@@ -65,6 +103,10 @@ def test_every_success_is_documented(document: dict[str, Any]) -> None:
         for method, operation in operations.items():
             ok = operation["responses"]["200"]
             assert ok.get("content"), (method, path)
+    streaming = ["/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"]
+    for path in streaming:
+        content = document["paths"][path]["post"]["responses"]["200"]["content"]
+        assert set(content) == {"application/json", "text/event-stream"}, path
 
 
 def test_server_and_model_routes(http: httpx.Client, document: dict[str, Any]) -> None:

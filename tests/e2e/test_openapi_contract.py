@@ -113,6 +113,8 @@ CASES = [
     (RESPONSES, {"input": "hi", "n": 2}, False),
     (RESPONSES, {"input": "hi", "tools": [{"type": "namespace", "tools": [None]}]}, False),
     (RESPONSES, {"input": "hi", "max_output_tokens": 2.0}, True),
+    (RESPONSES, {"input": [{"type": "reasoning", "summary": []}]}, False),  # nothing to answer
+    (RESPONSES, {"input": [{"type": "reasoning"}, {"role": "user", "content": "hi"}]}, True),
 ]
 
 

@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 EXIT_RANK_LOST = 70
 """Exit status of a rank whose group lost a member (as a failed engine's)."""
 
+
 def parallel_mode(config: ServerConfig) -> str:
     """``tensor`` or ``pipeline`` from the flags (tensor when neither is given)."""
     if config.tensor_parallel and config.pipeline_parallel:

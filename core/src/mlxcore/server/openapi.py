@@ -33,8 +33,6 @@ REPLIES_OPTION = "replies"
 """Handler ``opt`` key: what a route answers, by status (``{200: reply(...)}``); a named
 schema (one with a ``title``) becomes a component."""
 
-EVENT_STREAM: dict[str, Any] = {"type": "string", "description": "server-sent events"}
-"""The schema of a ``text/event-stream`` body (events are described with each route)."""
 STRING: dict[str, Any] = {"type": "string"}
 INTEGER: dict[str, Any] = {"type": "integer"}
 NUMBER: dict[str, Any] = {"type": "number"}
@@ -77,14 +75,36 @@ def reply(
     schema: dict[str, Any],
     *,
     media_type: str = "application/json",
-    streams: bool = False,
+    events: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A documented answer: ``schema`` as ``media_type``, and server-sent events too when
-    the route ``streams`` (``stream: true``)."""
+    """A documented answer: ``schema`` as ``media_type``, and server-sent ``events`` (the
+    schema of one event, see :func:`event_schema`) when the route streams."""
     content = {media_type: {"schema": schema}}
-    if streams:
-        content["text/event-stream"] = {"schema": EVENT_STREAM}
+    if events is not None:
+        content["text/event-stream"] = {"schema": events}
     return {"description": description, "content": content}
+
+
+def event_schema(
+    data: dict[str, Any], *, names: list[str] | None = None, done: str | None = None
+) -> dict[str, Any]:
+    """One server-sent event, as a client parses it (``{"event": ..., "data": ...}``):
+    its ``data`` is JSON matching ``data``, or exactly ``done`` (OpenAI's ``[DONE]``);
+    ``names``: the event names it may carry (``None``: none, so ``message``)."""
+    json_data = {"type": "string", "contentMediaType": "application/json", "contentSchema": data}
+    schema: dict[str, Any] = {
+        "type": "object",
+        "properties": {
+            "event": {"enum": names} if names else {"const": "message"},
+            "data": json_data,
+        },
+        "required": ["event", "data"],
+    }
+    if done is not None:
+        schema["properties"]["data"] = STRING
+        schema["if"] = {"properties": {"data": {"const": done}}}
+        schema["else"] = {"properties": {"data": json_data}}
+    return schema
 
 
 ERROR_SCHEMA: dict[str, Any] = {

@@ -3,8 +3,19 @@ built in :mod:`mlxcore_anthropic.encode` and :mod:`mlxcore_anthropic.routes`).""
 
 from __future__ import annotations
 
-from mlxcore.server.openapi import INTEGER, OBJECT, STRING, array, const, nullable, obj
+from mlxcore.server.openapi import (
+    ERROR_SCHEMA,
+    INTEGER,
+    OBJECT,
+    STRING,
+    array,
+    const,
+    event_schema,
+    nullable,
+    obj,
+)
 
+STOP_REASON = {"enum": ["end_turn", "max_tokens", "stop_sequence", "tool_use"]}
 CONTENT_BLOCK = {
     "anyOf": [
         obj({"type": const("text"), "text": STRING}),
@@ -28,7 +39,7 @@ MESSAGE = obj(
         "role": const("assistant"),
         "model": STRING,
         "content": array(CONTENT_BLOCK),
-        "stop_reason": {"enum": ["end_turn", "max_tokens", "stop_sequence", "tool_use"]},
+        "stop_reason": STOP_REASON,
         "stop_sequence": nullable(STRING),
         "usage": USAGE,
     },
@@ -37,3 +48,45 @@ MESSAGE = obj(
 """A complete message (``stream`` false)."""
 TOKEN_COUNT = obj({"input_tokens": INTEGER}, title="AnthropicTokenCount")
 """What ``count_tokens`` answers."""
+
+_DELTA = {
+    "anyOf": [
+        obj({"type": const("text_delta"), "text": STRING}),
+        obj({"type": const("thinking_delta"), "thinking": STRING}),
+        obj({"type": const("signature_delta"), "signature": STRING}),
+        obj({"type": const("input_json_delta"), "partial_json": STRING}),
+    ]
+}
+_START = obj(
+    {
+        "id": STRING,
+        "type": const("message"),
+        "role": const("assistant"),
+        "model": STRING,
+        "content": array(CONTENT_BLOCK),
+        "stop_reason": {"type": "null"},
+        "stop_sequence": {"type": "null"},
+        "usage": USAGE,
+    }
+)
+_EVENT_DATA = [
+    obj({"type": const("message_start"), "message": _START}),
+    obj({"type": const("ping")}),
+    obj({"type": const("content_block_start"), "index": INTEGER, "content_block": CONTENT_BLOCK}),
+    obj({"type": const("content_block_delta"), "index": INTEGER, "delta": _DELTA}),
+    obj({"type": const("content_block_stop"), "index": INTEGER}),
+    obj(
+        {
+            "type": const("message_delta"),
+            "delta": obj({"stop_reason": STOP_REASON, "stop_sequence": nullable(STRING)}),
+            "usage": USAGE,
+        }
+    ),
+    obj({"type": const("message_stop")}),
+    {**ERROR_SCHEMA, "properties": {**ERROR_SCHEMA["properties"], "type": const("error")}},
+]
+EVENTS = event_schema(
+    {"anyOf": _EVENT_DATA},
+    names=[d["properties"]["type"]["const"] for d in _EVENT_DATA],
+)
+"""One event of a streamed message (each event's name is its data's ``type``)."""

@@ -35,7 +35,7 @@ from mlxcore_anthropic.encode import (
     stop_reason,
     usage_body,
 )
-from mlxcore_anthropic.replies import MESSAGE, TOKEN_COUNT
+from mlxcore_anthropic.replies import EVENTS, MESSAGE, TOKEN_COUNT
 from mlxcore_anthropic.schemas import CountTokensRequest, MessagesRequest
 
 
@@ -118,7 +118,7 @@ def _forced_tool_choice(
     status_code=200,
     opt={
         BODY_OPTION: MessagesRequest,
-        REPLIES_OPTION: {200: reply("the message", MESSAGE, streams=True)},
+        REPLIES_OPTION: {200: reply("the message", MESSAGE, events=EVENTS)},
         ERRORS_OPTION: {529: "overloaded; retry after Retry-After seconds"},
     },
 )

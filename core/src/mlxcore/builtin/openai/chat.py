@@ -21,7 +21,7 @@ from mlxcore.builtin.openai.encode import (
     tool_call_head,
     usage_body,
 )
-from mlxcore.builtin.openai.replies import CHAT_COMPLETION
+from mlxcore.builtin.openai.replies import CHAT_COMPLETION, CHAT_EVENTS
 from mlxcore.builtin.openai.schemas import ChatCompletionRequest, StreamOptions
 from mlxcore.output import OutputDelta
 from mlxcore.server import builder
@@ -85,7 +85,7 @@ def build_generations(
     status_code=200,
     opt={
         BODY_OPTION: ChatCompletionRequest,
-        REPLIES_OPTION: {200: reply("the completion", CHAT_COMPLETION, streams=True)},
+        REPLIES_OPTION: {200: reply("the completion", CHAT_COMPLETION, events=CHAT_EVENTS)},
     },
 )
 async def chat_completions(request: Request[Any, Any, Any]) -> Any:

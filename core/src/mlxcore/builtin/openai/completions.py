@@ -20,7 +20,7 @@ from mlxcore.builtin.openai.encode import (
     sse,
     usage_body,
 )
-from mlxcore.builtin.openai.replies import TEXT_COMPLETION
+from mlxcore.builtin.openai.replies import TEXT_COMPLETION, TEXT_EVENTS
 from mlxcore.builtin.openai.schemas import CompletionRequest, StreamOptions
 from mlxcore.output import OutputDelta
 from mlxcore.server import builder
@@ -95,7 +95,7 @@ def build_generations(
     status_code=200,
     opt={
         BODY_OPTION: CompletionRequest,
-        REPLIES_OPTION: {200: reply("the completion", TEXT_COMPLETION, streams=True)},
+        REPLIES_OPTION: {200: reply("the completion", TEXT_COMPLETION, events=TEXT_EVENTS)},
     },
 )
 async def completions(request: Request[Any, Any, Any]) -> Any:

@@ -9,11 +9,13 @@ sometimes is optional, and other fields are allowed (plugins add to ``usage``).
 from __future__ import annotations
 
 from mlxcore.server.openapi import (
+    ERROR_SCHEMA,
     INTEGER,
     NUMBER,
     STRING,
     array,
     const,
+    event_schema,
     nullable,
     obj,
 )
@@ -114,3 +116,62 @@ EMBEDDING_LIST = obj(
     title="EmbeddingList",
 )
 """What ``/v1/embeddings`` answers."""
+
+_CHUNK_TOOL_CALL = obj(
+    {"index": INTEGER},
+    {
+        "id": STRING,
+        "type": const("function"),
+        "function": obj({}, {"name": STRING, "arguments": STRING}),
+    },
+)
+CHAT_CHUNK = obj(
+    {
+        "id": STRING,
+        "object": const("chat.completion.chunk"),
+        "created": INTEGER,
+        "model": STRING,
+        "choices": array(
+            obj(
+                {
+                    "index": INTEGER,
+                    "delta": obj(
+                        {},
+                        {
+                            "role": const("assistant"),
+                            "content": STRING,
+                            "reasoning_content": STRING,
+                            "tool_calls": array(_CHUNK_TOOL_CALL),
+                        },
+                    ),
+                    "logprobs": nullable(CHAT_LOGPROBS),
+                    "finish_reason": nullable(FINISH_REASON),
+                }
+            )
+        ),
+    },
+    {"usage": USAGE},
+)
+CHAT_EVENTS = event_schema({"anyOf": [CHAT_CHUNK, ERROR_SCHEMA]}, done="[DONE]")
+"""One event of a streamed chat completion: a chunk, an error, or ``[DONE]``."""
+TEXT_CHUNK = obj(
+    {
+        "id": STRING,
+        "object": const("text_completion"),
+        "created": INTEGER,
+        "model": STRING,
+        "choices": array(
+            obj(
+                {
+                    "index": INTEGER,
+                    "text": STRING,
+                    "logprobs": nullable(COMPLETION_LOGPROBS),
+                    "finish_reason": nullable(FINISH_REASON),
+                }
+            )
+        ),
+    },
+    {"usage": USAGE},
+)
+TEXT_EVENTS = event_schema({"anyOf": [TEXT_CHUNK, ERROR_SCHEMA]}, done="[DONE]")
+"""One event of a streamed text completion."""

@@ -65,7 +65,14 @@ def as_items(value: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not value:
             return []
         return [{"type": "message", "role": "user", "content": value}]
-    return list(value)
+    items = list(value)
+    if items and all(isinstance(i, Mapping) and i.get("type") == "reasoning" for i in items):
+        raise invalid(
+            "input holds only reasoning items: add a message or a function_call_output "
+            "for the model to answer",
+            "input",
+        )
+    return items
 
 
 class _Messages:

@@ -11,6 +11,7 @@ from mlxcore.server.openapi import (
     STRING,
     array,
     const,
+    event_schema,
     nullable,
     obj,
 )
@@ -104,3 +105,42 @@ INPUT_ITEMS = obj(
     title="InputItemList",
 )
 """A page of a stored response's input items."""
+
+LIFECYCLE = [
+    "response.created",
+    "response.in_progress",
+    "response.completed",
+    "response.incomplete",
+    "response.cancelled",
+    "response.failed",
+]
+"""The events that carry the whole response object."""
+ITEM_EVENTS = [
+    "response.output_item.added",
+    "response.output_item.done",
+    "response.content_part.added",
+    "response.content_part.done",
+    "response.output_text.delta",
+    "response.output_text.done",
+    "response.reasoning_text.delta",
+    "response.reasoning_text.done",
+    "response.function_call_arguments.delta",
+    "response.function_call_arguments.done",
+]
+"""The events about one output item (or one part of it)."""
+RESPONSE_EVENTS = event_schema(
+    {
+        "anyOf": [
+            obj({"type": {"enum": LIFECYCLE}, "response": RESPONSE, "sequence_number": INTEGER}),
+            obj(
+                {"type": {"enum": ITEM_EVENTS}, "output_index": INTEGER, "sequence_number": INTEGER}
+            ),
+            obj(
+                {"type": const("error"), "message": STRING, "sequence_number": INTEGER},
+                {"code": nullable(STRING), "param": nullable(STRING)},
+            ),
+        ]
+    },
+    names=[*LIFECYCLE, *ITEM_EVENTS, "error"],
+)
+"""One event of a streamed response."""

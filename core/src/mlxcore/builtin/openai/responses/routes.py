@@ -23,6 +23,7 @@ from mlxcore.builtin.openai.responses.events import OutputWriter, new_item_id
 from mlxcore.builtin.openai.responses.replies import (
     INPUT_ITEMS,
     RESPONSE,
+    RESPONSE_EVENTS,
     STORED_OR_DELETED,
 )
 from mlxcore.builtin.openai.responses.schemas import ResponsesRequest
@@ -275,7 +276,7 @@ def _final(
     status_code=200,
     opt={
         BODY_OPTION: ResponsesRequest,
-        REPLIES_OPTION: {200: reply("the response", RESPONSE, streams=True)},
+        REPLIES_OPTION: {200: reply("the response", RESPONSE, events=RESPONSE_EVENTS)},
     },
 )
 async def create_response(request: Request[Any, Any, Any]) -> Any:

@@ -57,6 +57,10 @@ INPUT_ITEM: dict[str, Any] = {
     ]
 }
 """The input items the server reads (a media plugin adds image parts where it serves)."""
+NOT_REASONING: dict[str, Any] = {
+    "not": {"type": "object", "properties": {"type": {"const": "reasoning"}}, "required": ["type"]}
+}
+"""An input item other than a reasoning item: an input needs at least one."""
 
 
 TOOL: dict[str, Any] = {
@@ -95,7 +99,7 @@ class ResponsesRequest(SamplerFields, kw_only=True):
     input: Annotated[
         Annotated[str, msgspec.Meta(min_length=1)]
         | Annotated[list[dict[str, Any]], msgspec.Meta(min_length=1)],
-        msgspec.Meta(extra_json_schema={"items": INPUT_ITEM}),
+        msgspec.Meta(extra_json_schema={"items": INPUT_ITEM, "contains": NOT_REASONING}),
     ]
     instructions: str | None = None
     previous_response_id: str | None = None
