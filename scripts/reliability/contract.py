@@ -25,6 +25,11 @@ EXCLUDED_CHECKS = (
     "positive_data_acceptance",  # replaced by contract_checks.accepted_within_model_limits
     "ignored_auth",  # no keys configured: every request is meant to pass
 )
+DEFAULT_MODEL = "qwen3"
+"""What the contract part serves unless ``--model`` is given: the tiny Qwen3 test model
+(seeded weights, the real 151K-token tokenizer, a thinking template, tool calls). The
+contract is about the HTTP surface; on SmolLM2 the generations Schemathesis asks for take
+hours on two cores, on this model minutes."""
 SERVE_FLAGS = ("--max-model-len", "512")
 """A small context bounds the longest generation a drawn ``max_tokens`` can ask for."""
 

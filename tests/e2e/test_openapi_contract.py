@@ -61,6 +61,11 @@ def messages(*content: Any, role: str = "user", **fields: Any) -> dict[str, Any]
     return {"max_tokens": 2, "messages": [{"role": role, "content": list(content)}], **fields}
 
 
+def assistant_call(**call: Any) -> dict[str, Any]:
+    """An assistant turn with one tool call (``call`` fields beside ``function``)."""
+    return {"role": "assistant", "tool_calls": [{"function": {"name": "f"}, **call}]}
+
+
 CASES = [
     # (path, body, the server and the document take it)
     (CHAT, chat(min_tokens=1.0), True),  # JSON does not tell 1 from 1.0
@@ -114,6 +119,14 @@ CASES = [
     (RESPONSES, {"input": "hi", "tools": [{"type": "namespace", "tools": [None]}]}, False),
     (RESPONSES, {"input": "hi", "max_output_tokens": 2.0}, True),
     (RESPONSES, {"input": [{"type": "reasoning", "summary": []}]}, False),  # nothing to answer
+    (CHAT, chat(messages=[*USER, assistant_call(id={})]), False),
+    (CHAT, chat(messages=[*USER, assistant_call(id=None)]), True),
+    (RESPONSES, {"input": "hi", "tools": [{"type": "namespace", "tools": [{}]}]}, False),
+    (
+        RESPONSES,
+        {"input": "hi", "tools": [{"type": "namespace", "tools": [{"type": "namespace"}]}]},
+        False,
+    ),
     (RESPONSES, {"input": [{"type": "reasoning"}, {"role": "user", "content": "hi"}]}, True),
 ]
 

@@ -8,8 +8,8 @@ engine owns what must hold whatever a strategy does:
 
 * **admission**: a request leaves the waiting queue when a batch slot is free
   (``--max-num-seqs``) and its cache (prompt + max_tokens) fits the memory budget left
-  (prefix-cache entries are evicted first); requests that wait longer than
-  ``--max-queue-wait`` end as overloaded;
+  by the weights, the prefix cache (evicted first) and, in a multi-model server, what the
+  other models hold; requests waiting past ``--max-queue-wait`` end as overloaded;
 * **supervision**: an exception the loop cannot contain, or a step that makes no
   progress for ``--engine-watchdog`` seconds, fails every open request (clients get a
   retryable error, never a hang), marks the engine unavailable and restarts it with
@@ -317,9 +317,8 @@ class Engine:
         return out
 
     def memory_held(self) -> int:
-        """Bytes this engine holds or has promised beside its weights: the caches its
-        admitted requests may grow to, and its prefix cache (any thread). With several
-        models, each engine's admission counts the others' (see ``memory_elsewhere``)."""
+        """Bytes held or promised beside the weights (any thread): what the admitted
+        requests' caches may grow to, and the prefix cache."""
         loop = self._loop
         return self._reserved(loop) + loop.cache.stats().nbytes
 
@@ -358,8 +357,7 @@ class Engine:
         send(handle, FinishEvent(reason, usage, error or None, code))
 
     def _reserved(self, loop: BatchLoop) -> int:
-        """Cache bytes the admitted requests may grow to (prompt + max_tokens each; any
-        thread: the running set is copied first)."""
+        """Cache bytes the admitted requests may grow to (prompt + max_tokens each)."""
         return sum(
             self.memory.cost(len(live.request.prompt_tokens) + live.request.max_tokens)
             for live in list(loop.live.values())
@@ -430,8 +428,8 @@ class Engine:
                 except Exception as exc:
                     self._busy_since = None
                     if not self._recover(epoch, exc):
-                        if self.state == "failed":
-                            self._close_sync()  # followers stop now, not at their deadline
+                        if self.state == "failed":  # followers stop now, not at a deadline
+                            self._close_sync()
                         return
                     continue
                 self._busy_since = None
@@ -444,10 +442,9 @@ class Engine:
 
     def _close_sync(self) -> None:
         """Tell the other ranks of a distributed engine to stop (best effort)."""
-        if self.step_sync is None:
-            return
         try:
-            self.step_sync.close()
+            if self.step_sync is not None:
+                self.step_sync.close()
         except Exception as exc:
             log.warning("could not tell the other ranks to stop: %s", exc)
 
@@ -511,9 +508,7 @@ class Engine:
 
     def _restart_note(self, exc: BaseException | None = None) -> str:
         """How a fault's reason ends: the engine restarts, or (distributed) it cannot."""
-        if self.step_sync is None:
-            return "; restarting"
-        return self.step_sync.fault_note(exc)
+        return "; restarting" if self.step_sync is None else self.step_sync.fault_note(exc)
 
     def _may_restart(self, reason: str) -> bool:
         """Count a restart, or mark the engine failed for good (caller holds the lock)."""

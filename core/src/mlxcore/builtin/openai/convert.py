@@ -150,6 +150,8 @@ def _tool_calls(calls: list[dict[str, Any]], where: str) -> list[dict[str, Any]]
             raise invalid("a tool call needs function.name", f"{where}.tool_calls[{i}]")
         if call.get("type", "function") != "function":
             raise invalid("a tool call's type must be function", f"{where}.tool_calls[{i}].type")
+        if not isinstance(call.get("id"), str | None):
+            raise invalid("a tool call's id must be a string", f"{where}.tool_calls[{i}].id")
         args: Any = fn.get("arguments", "{}")
         if not isinstance(args, str | Mapping):
             at = f"{where}.tool_calls[{i}].function.arguments"

@@ -29,7 +29,7 @@ NAME: dict[str, Any] = {"type": "string", "minLength": 1}
 TOOL_CALL: dict[str, Any] = {
     "type": "object",
     "properties": {
-        "id": {"type": "string"},
+        "id": {"type": ["string", "null"]},
         "type": {"const": "function"},
         "function": {
             "type": "object",

@@ -233,6 +233,8 @@ def template_tools(
         if not isinstance(kind, str):
             raise invalid("a tool's type must be a string", f"{where}.type")
         if kind == "namespace":
+            if namespace is not None:
+                raise invalid("a namespace cannot hold another namespace", f"{where}.type")
             inner = tool.get("tools")
             if not isinstance(inner, list):
                 raise invalid("a namespace tool needs a tools list", f"{where}.tools")

@@ -63,31 +63,33 @@ NOT_REASONING: dict[str, Any] = {
 """An input item other than a reasoning item: an input needs at least one."""
 
 
+FUNCTION_TOOL: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "type": {"const": "function"},
+        "name": NAME,
+        "description": {"type": ["string", "null"]},
+        "parameters": {"type": ["object", "null"]},
+    },
+    "required": ["name"],
+}
+OTHER_TOOL: dict[str, Any] = {  # other kinds (web search, ...) are skipped with a warning
+    "type": "object",
+    "properties": {"type": {"type": "string", "not": {"enum": ["function", "namespace"]}}},
+    "required": ["type"],
+}
 TOOL: dict[str, Any] = {
     "anyOf": [
-        {
-            "type": "object",
-            "properties": {
-                "type": {"const": "function"},
-                "name": NAME,
-                "description": {"type": ["string", "null"]},
-                "parameters": {"type": ["object", "null"]},
-            },
-            "required": ["name"],
-        },
+        FUNCTION_TOOL,
         {
             "type": "object",
             "properties": {
                 "type": {"const": "namespace"},
-                "tools": {"type": "array", "items": {"type": "object"}},
+                "tools": {"type": "array", "items": {"anyOf": [FUNCTION_TOOL, OTHER_TOOL]}},
             },
             "required": ["type", "tools"],
         },
-        {  # other kinds (web search, ...) are skipped with a warning
-            "type": "object",
-            "properties": {"type": {"type": "string", "not": {"enum": ["function", "namespace"]}}},
-            "required": ["type"],
-        },
+        OTHER_TOOL,
     ]
 }
 """A tool as the server reads it: functions, namespaces of functions, kinds it skips."""
