@@ -3,10 +3,12 @@
 They describe the bodies built in :mod:`encode`, :mod:`chat`, :mod:`completions` and
 :mod:`embeddings`: every field those always write is required, a field written only
 sometimes is optional, and other fields are allowed (plugins add to ``usage``).
-``tests/e2e/test_openapi_contract.py`` checks real answers against them.
+``tests/e2e/test_openapi_answers.py`` checks real answers against them.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from mlxcore.server.openapi import (
     ERROR_SCHEMA,
@@ -25,13 +27,9 @@ USAGE = obj(
     {"prompt_tokens": INTEGER, "completion_tokens": INTEGER, "total_tokens": INTEGER},
     {"prompt_tokens_details": obj({"cached_tokens": INTEGER})},
 )
+_FUNCTION = {"name": STRING, "arguments": STRING}
 TOOL_CALL = obj(
-    {
-        "index": INTEGER,
-        "id": STRING,
-        "type": const("function"),
-        "function": obj({"name": STRING, "arguments": STRING}),
-    }
+    {"index": INTEGER, "id": STRING, "type": const("function"), "function": obj(_FUNCTION)}
 )
 _BYTES = array(INTEGER)
 _TOP = obj({"token": STRING, "logprob": NUMBER, "bytes": _BYTES})
@@ -42,31 +40,6 @@ CHAT_LOGPROBS = obj(
         )
     }
 )
-CHAT_COMPLETION = obj(
-    {
-        "id": STRING,
-        "object": const("chat.completion"),
-        "created": INTEGER,
-        "model": STRING,
-        "choices": array(
-            obj(
-                {
-                    "index": INTEGER,
-                    "message": obj(
-                        {"role": const("assistant"), "content": nullable(STRING)},
-                        {"reasoning_content": STRING, "tool_calls": array(TOOL_CALL)},
-                    ),
-                    "logprobs": nullable(CHAT_LOGPROBS),
-                    "finish_reason": FINISH_REASON,
-                }
-            )
-        ),
-        "usage": USAGE,
-    },
-    title="ChatCompletion",
-)
-"""A chat completion (``stream`` false)."""
-
 COMPLETION_LOGPROBS = obj(
     {
         "tokens": array(STRING),
@@ -75,27 +48,67 @@ COMPLETION_LOGPROBS = obj(
         "text_offset": array(INTEGER),
     }
 )
-TEXT_COMPLETION = obj(
-    {
+
+
+def _completion(
+    kind: str, choice: dict[str, Any], *, chunk: bool, title: str | None = None
+) -> dict[str, Any]:
+    """A completion of ``kind`` (``object``) with its ``choice`` fields; a streamed chunk
+    (``chunk``) has a finish reason only at the end and usage only when asked for."""
+    finish = nullable(FINISH_REASON) if chunk else FINISH_REASON
+    head = {
         "id": STRING,
-        "object": const("text_completion"),
+        "object": const(kind),
         "created": INTEGER,
         "model": STRING,
-        "choices": array(
+        "choices": array(obj({"index": INTEGER, **choice, "finish_reason": finish})),
+    }
+    if chunk:
+        return obj(head, {"usage": USAGE}, title=title)
+    return obj({**head, "usage": USAGE}, title=title)
+
+
+_MESSAGE = obj(
+    {"role": const("assistant"), "content": nullable(STRING)},
+    {"reasoning_content": STRING, "tool_calls": array(TOOL_CALL)},
+)
+_DELTA = obj(
+    {},
+    {
+        "role": const("assistant"),
+        "content": STRING,
+        "reasoning_content": STRING,
+        "tool_calls": array(
             obj(
-                {
-                    "index": INTEGER,
-                    "text": STRING,
-                    "logprobs": nullable(COMPLETION_LOGPROBS),
-                    "finish_reason": FINISH_REASON,
-                }
+                {"index": INTEGER},
+                {"id": STRING, "type": const("function"), "function": obj({}, _FUNCTION)},
             )
         ),
-        "usage": USAGE,
     },
-    title="TextCompletion",
 )
+_CHAT_LOGPROBS = {"logprobs": nullable(CHAT_LOGPROBS)}
+CHAT_COMPLETION = _completion(
+    "chat.completion", {"message": _MESSAGE, **_CHAT_LOGPROBS}, chunk=False, title="ChatCompletion"
+)
+"""A chat completion (``stream`` false)."""
+CHAT_EVENTS = event_schema(
+    {
+        "anyOf": [
+            _completion("chat.completion.chunk", {"delta": _DELTA, **_CHAT_LOGPROBS}, chunk=True),
+            ERROR_SCHEMA,
+        ]
+    },
+    done="[DONE]",
+)
+"""One event of a streamed chat completion: a chunk, an error, or ``[DONE]``."""
+
+_TEXT = {"text": STRING, "logprobs": nullable(COMPLETION_LOGPROBS)}
+TEXT_COMPLETION = _completion("text_completion", _TEXT, chunk=False, title="TextCompletion")
 """A text completion (``stream`` false)."""
+TEXT_EVENTS = event_schema(
+    {"anyOf": [_completion("text_completion", _TEXT, chunk=True), ERROR_SCHEMA]}, done="[DONE]"
+)
+"""One event of a streamed text completion."""
 
 EMBEDDING_LIST = obj(
     {
@@ -116,62 +129,3 @@ EMBEDDING_LIST = obj(
     title="EmbeddingList",
 )
 """What ``/v1/embeddings`` answers."""
-
-_CHUNK_TOOL_CALL = obj(
-    {"index": INTEGER},
-    {
-        "id": STRING,
-        "type": const("function"),
-        "function": obj({}, {"name": STRING, "arguments": STRING}),
-    },
-)
-CHAT_CHUNK = obj(
-    {
-        "id": STRING,
-        "object": const("chat.completion.chunk"),
-        "created": INTEGER,
-        "model": STRING,
-        "choices": array(
-            obj(
-                {
-                    "index": INTEGER,
-                    "delta": obj(
-                        {},
-                        {
-                            "role": const("assistant"),
-                            "content": STRING,
-                            "reasoning_content": STRING,
-                            "tool_calls": array(_CHUNK_TOOL_CALL),
-                        },
-                    ),
-                    "logprobs": nullable(CHAT_LOGPROBS),
-                    "finish_reason": nullable(FINISH_REASON),
-                }
-            )
-        ),
-    },
-    {"usage": USAGE},
-)
-CHAT_EVENTS = event_schema({"anyOf": [CHAT_CHUNK, ERROR_SCHEMA]}, done="[DONE]")
-"""One event of a streamed chat completion: a chunk, an error, or ``[DONE]``."""
-TEXT_CHUNK = obj(
-    {
-        "id": STRING,
-        "object": const("text_completion"),
-        "created": INTEGER,
-        "model": STRING,
-        "choices": array(
-            obj(
-                {
-                    "index": INTEGER,
-                    "text": STRING,
-                    "logprobs": nullable(COMPLETION_LOGPROBS),
-                    "finish_reason": nullable(FINISH_REASON),
-                }
-            )
-        ),
-    },
-    {"usage": USAGE},
-)
-TEXT_EVENTS = event_schema({"anyOf": [TEXT_CHUNK, ERROR_SCHEMA]}, done="[DONE]")
-"""One event of a streamed text completion."""
