@@ -30,7 +30,7 @@ DEFAULT_MODEL = "qwen3"
 (seeded weights, the real 151K-token tokenizer, a thinking template, tool calls). The
 contract is about the HTTP surface; on SmolLM2 the generations Schemathesis asks for take
 hours on two cores, on this model minutes."""
-SERVE_FLAGS = ("--max-model-len", "512")
+SERVE_FLAGS = ("--max-model-len", "256")
 """A small context bounds the longest generation a drawn ``max_tokens`` can ask for."""
 
 

@@ -120,6 +120,8 @@ CASES = [
     (RESPONSES, {"input": "hi", "max_output_tokens": 2.0}, True),
     (RESPONSES, {"input": [{"type": "reasoning", "summary": []}]}, False),  # nothing to answer
     (CHAT, chat(messages=[*USER, assistant_call(id={})]), False),
+    (COMPLETIONS, {"prompt": "hi", "max_tokens": 2, "seed": 2**64 - 1}, True),
+    (COMPLETIONS, {"prompt": "hi", "max_tokens": 2, "seed": -(2**63) - 1}, False),
     (CHAT, chat(messages=[*USER, assistant_call(id=None)]), True),
     (RESPONSES, {"input": "hi", "tools": [{"type": "namespace", "tools": [{}]}]}, False),
     (

@@ -93,6 +93,11 @@ Tokens = Annotated[int, msgspec.Meta(ge=1, title=BUDGET_TITLE)]
 """A generation budget: at least one token (the model's context bounds it too)."""
 
 
+SEED = msgspec.Meta(extra_json_schema={"minimum": -(2**63), "maximum": 2**64 - 1})
+"""A seed has 64 bits, signed or not (in the schema only: msgspec's own bounds stop at
+int64; the request converter checks it)."""
+
+
 class SamplerFields(msgspec.Struct, kw_only=True):
     """Sampling fields shared by chat, text completions and the Responses API (the ranges
     the server enforces are part of the schema)."""
@@ -105,7 +110,7 @@ class SamplerFields(msgspec.Struct, kw_only=True):
     presence_penalty: Annotated[float, _range(-2.0, 2.0)] | None = None
     frequency_penalty: Annotated[float, _range(-2.0, 2.0)] | None = None
     logit_bias: dict[str, Annotated[float, _range(-100.0, 100.0)]] | None = None
-    seed: int | None = None  # 64 bits, signed or not (msgspec bounds fit int64 only)
+    seed: Annotated[int, SEED] | None = None
     n: Annotated[int, _range(1, MAX_N)] = 1
 
 
