@@ -38,6 +38,7 @@ def test_an_engine_admits_within_what_the_other_models_leave(tiny_llama: Path) -
             for rt in (here, other)
         ]
         router = SimpleNamespace(loaded=lambda: slots)
+        router._held = lambda slot: ModelRouter._held(router, slot)  # type: ignore[arg-type]
         memory = here.engine.memory
         memory.elsewhere = lambda: ModelRouter._elsewhere(router, slots[0])  # type: ignore[arg-type]
         one = memory.cost(len(PROMPT) + MAX_TOKENS)

@@ -237,11 +237,11 @@ class ModelRouter:
         """What the loaded models other than ``slot`` hold: weights, the caches their
         admitted requests may grow to, and their prefix caches (read by ``slot``'s engine
         whenever it admits, so one budget covers every model's KV)."""
-        total = 0
+        total = self._held(slot)
         for other in self.loaded():
             service = other.service  # read once: an unload may clear it meanwhile
             if other is not slot and service is not None:
-                total += other.footprint + service.runtime.engine.memory_held()
+                total += service.runtime.engine.memory_held()
         return total
 
     async def _make_room(self, slot: ModelSlot) -> None:
