@@ -20,6 +20,7 @@ from mlxcore.plugins import (
     load_plugins,
     plugin_statuses,
 )
+from mlxcore.resources import ModelResources
 
 NAMED_PLUGINS = {"qwen35-mtp", "gemma4", "minimax", "specprefill"}
 
@@ -273,11 +274,12 @@ def test_strategy_selection_prefers_plugin_and_honours_names(plugin_dir: Path) -
     )
     hooks = load(name)
     info = ModelInfo(path=Path("."), model_type="llama")
-    assert hooks.prefill_strategy(object(), info, ServerConfig()).name == "big-chunks"
-    chosen = hooks.prefill_strategy(object(), info, ServerConfig(prefill_strategy="chunked"))
+    none = ModelResources()
+    assert hooks.prefill_strategy(object(), info, ServerConfig(), none).name == "big-chunks"
+    chosen = hooks.prefill_strategy(object(), info, ServerConfig(prefill_strategy="chunked"), none)
     assert chosen.name == "chunked"
     with pytest.raises(UsageError, match=r"--prefill-strategy.*nope.*big-chunks"):
-        hooks.prefill_strategy(object(), info, ServerConfig(prefill_strategy="nope"))
+        hooks.prefill_strategy(object(), info, ServerConfig(prefill_strategy="nope"), none)
 
 
 def test_log_level_is_case_insensitive_and_leaves_root_alone() -> None:

@@ -22,6 +22,7 @@ from mlxcore.hookcalls import HookAnswers, call_hook
 from mlxcore.model_info import ModelInfo
 from mlxcore.parsers.base import ReasoningParser, ToolParser
 from mlxcore.registry import Registry
+from mlxcore.resources import ModelResources
 from mlxcore.routes import RouteTable
 
 T = TypeVar("T")
@@ -123,23 +124,35 @@ class PluginHooks:
         log.info("plugin %s rewrote the chat template", answers[0][0])
         return str(answers[0][1])
 
-    def cache_strategy(self, model: Any, info: ModelInfo, config: ServerConfig) -> CacheStrategy:
+    def model_resources(self, model: Any, info: ModelInfo, config: ServerConfig) -> ModelResources:
+        """What every plugin loaded for this model (``mlxcore_model_resources``), once."""
+        answers = self._call("mlxcore_model_resources", model=model, info=info, config=config)
+        resources = ModelResources(answers.results)
+        for kind, plugin in resources.owners().items():
+            log.info("plugin %s loaded %s for this model", plugin, kind)
+        return resources
+
+    def cache_strategy(
+        self, model: Any, info: ModelInfo, config: ServerConfig, resources: ModelResources
+    ) -> CacheStrategy:
         """The cache strategy to use (``--cache-strategy`` or the first offered)."""
-        kw = {"model": model, "info": info, "config": config}
+        kw = {"model": model, "info": info, "config": config, "resources": resources}
         reg = self._registry("cache strategy", "mlxcore_cache_strategy", **kw)
         return self._choose(reg, config.cache_strategy, "--cache-strategy")
 
     def prefill_strategy(
-        self, model: Any, info: ModelInfo, config: ServerConfig
+        self, model: Any, info: ModelInfo, config: ServerConfig, resources: ModelResources
     ) -> PrefillStrategy:
         """The prefill strategy to use (``--prefill-strategy`` or the first offered)."""
-        kw = {"model": model, "info": info, "config": config}
+        kw = {"model": model, "info": info, "config": config, "resources": resources}
         reg = self._registry("prefill strategy", "mlxcore_prefill_strategy", **kw)
         return self._choose(reg, config.prefill_strategy, "--prefill-strategy")
 
-    def decoder(self, model: Any, info: ModelInfo, config: ServerConfig) -> Decoder:
+    def decoder(
+        self, model: Any, info: ModelInfo, config: ServerConfig, resources: ModelResources
+    ) -> Decoder:
         """The decoder to use (``--decoder`` or the first offered)."""
-        kw = {"model": model, "info": info, "config": config}
+        kw = {"model": model, "info": info, "config": config, "resources": resources}
         reg = self._registry("decoder", "mlxcore_decoder", **kw)
         return self._choose(reg, config.decoder, "--decoder")
 

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from mlxcore.models.loader import LoadedModel
     from mlxcore.models.resolve import ResolvedModel
     from mlxcore.parsers.base import ReasoningParser, ToolParser
+    from mlxcore.resources import ModelResources
 
 
 class OptionGroup(Protocol):
@@ -64,11 +65,19 @@ def mlxcore_addoption(parser: OptionGroup) -> None:
     ``parser`` is an argparse argument group titled with the plugin's name; its
     values reach the plugin as ``config.option(dest)`` in later hooks.
 
+    Declare the settings once, as an attrs class whose fields say their defaults
+    (:func:`mlxcore.settings.setting`), and let :func:`mlxcore.settings.add_flags` make
+    the flags; :func:`mlxcore.settings.read_settings` reads them back typed.
+
     Example::
+
+        @attrs.frozen
+        class SparseSettings:
+            sparse_threshold: int = setting(8192, help="prompts shorter than this prefill densely")
 
         @hookimpl
         def mlxcore_addoption(parser):
-            parser.add_argument("--specprefill-threshold", type=int, default=8192)
+            add_flags(parser, SparseSettings)
     """
 
 
@@ -107,8 +116,8 @@ def mlxcore_configure(config: ServerConfig) -> None:
 
         @hookimpl
         def mlxcore_configure(config):
-            if config.option("specprefill_keep", 0.2) <= 0:
-                raise UsageError("--specprefill-keep must be > 0")
+            if read_settings(config, SparseSettings).sparse_threshold < 1:
+                raise UsageError("--sparse-threshold must be at least 1")
     """
 
 
@@ -171,6 +180,31 @@ def mlxcore_chat_template(info: ModelInfo, template: str) -> str | None:
 
 
 @hookspec
+def mlxcore_model_resources(model: Any, info: ModelInfo, config: ServerConfig) -> object | None:
+    """Load what your strategies need for this model (a draft model, a head), or ``None``.
+
+    When: once per model load, after ``mlxcore_patch_model`` and the chat template,
+    before any strategy is built. The strategy hooks (``mlxcore_cache_strategy``,
+    ``mlxcore_prefill_strategy``, ``mlxcore_decoder``) run again at every engine restart
+    and after a failed decode step: they receive the answers as ``resources`` and find
+    theirs by type (``resources.get(MyDraft)``), so nothing heavy is loaded twice. Return
+    an instance of a class of your own; raise :class:`mlxcore.errors.UsageError` for a
+    resource that cannot serve this model (start-up stops with your message).
+
+    Example::
+
+        @hookimpl
+        def mlxcore_model_resources(model, info, config):
+            return MyDraft(load_draft(read_settings(config, MySettings).my_draft, info))
+
+        @hookimpl
+        def mlxcore_decoder(model, info, config, resources):
+            draft = resources.get(MyDraft)
+            return None if draft is None else MyDecoder(model, draft.model)
+    """
+
+
+@hookspec
 def mlxcore_tool_parsers() -> list[type[ToolParser]]:
     """Offer tool-call parser classes (subclasses of :class:`~mlxcore.parsers.ToolParser`).
 
@@ -206,7 +240,7 @@ def mlxcore_reasoning_parsers() -> list[type[ReasoningParser]]:
 
 @hookspec
 def mlxcore_cache_strategy(
-    model: Any, info: ModelInfo, config: ServerConfig
+    model: Any, info: ModelInfo, config: ServerConfig, resources: ModelResources
 ) -> CacheStrategy | None:
     """Offer a prefix-cache strategy for this model, or ``None`` to pass.
 
@@ -225,31 +259,37 @@ def mlxcore_cache_strategy(
 
 @hookspec
 def mlxcore_prefill_strategy(
-    model: Any, info: ModelInfo, config: ServerConfig
+    model: Any, info: ModelInfo, config: ServerConfig, resources: ModelResources
 ) -> PrefillStrategy | None:
     """Offer a prefill strategy for this model, or ``None`` to pass.
 
-    When: once per model, and again after an engine restart. First candidate wins
-    unless ``--prefill-strategy NAME``.
+    When: once per model, and again after an engine restart (build it around what
+    ``mlxcore_model_resources`` loaded: ``resources``). First candidate wins unless
+    ``--prefill-strategy NAME``.
     A strategy that does not apply to one request (a short prompt, an option
     turned off) delegates to chunked prefill itself.
 
     Example::
 
         @hookimpl
-        def mlxcore_prefill_strategy(model, info, config):
-            return SparsePrefill(model, draft=load_draft(config)) if enabled(config) else None
+        def mlxcore_prefill_strategy(model, info, config, resources):
+            draft = resources.get(MyDraft)
+            return None if draft is None else SparsePrefill(model, draft.model)
     """
 
 
 @hookspec
-def mlxcore_decoder(model: Any, info: ModelInfo, config: ServerConfig) -> Decoder | None:
+def mlxcore_decoder(
+    model: Any, info: ModelInfo, config: ServerConfig, resources: ModelResources
+) -> Decoder | None:
     """Offer a decoder (plain or speculative) for this model, or ``None`` to pass.
 
     When: once per model, again after an engine restart, and after a decode step that
-    raised (the batch state is unknown then). First candidate wins unless ``--decoder NAME``; the
-    built-in plain batched decoder comes last. A speculative decoder proposes,
-    verifies and rolls back per sequence inside the running batch.
+    raised (the batch state is unknown then): build it around what
+    ``mlxcore_model_resources`` loaded (``resources``), never load anything here. First
+    candidate wins unless ``--decoder NAME``; the built-in plain batched decoder comes
+    last. A speculative decoder proposes, verifies and rolls back per sequence inside the
+    running batch.
 
     Example::
 

@@ -23,6 +23,7 @@ from mlxcore.model_info import ModelInfo
 from mlxcore.output import OutputPipeline
 from mlxcore.parsers.base import ToolParser
 from mlxcore.parsers.selection import Parsers
+from mlxcore.resources import ModelResources
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,8 @@ class Runtime:
     """Tokens never shown as text: EOS and the parsers' control markup."""
     media: Any = None
     """The model's :class:`mlxcore.media.MediaHandler`, ``None`` for text-only models."""
+    resources: ModelResources = attrs.field(factory=ModelResources)
+    """What the plugins loaded for this model (``mlxcore_model_resources``), once."""
 
     def pipeline(
         self,
@@ -105,14 +108,17 @@ def materialize(obj: Any) -> None:
     mx.eval(arrays)
 
 
-def engine_parts(hooks: PluginHooks, loaded: Any, config: ServerConfig) -> EngineParts:
+def engine_parts(
+    hooks: PluginHooks, loaded: Any, config: ServerConfig, resources: ModelResources
+) -> EngineParts:
     """The engine's strategy factories and per-request processors, from the plugins
-    (the factories are called again when the engine restarts with fresh strategies)."""
+    (the factories are called again when the engine restarts with fresh strategies;
+    they build around ``resources``, loaded once)."""
     model, info = loaded.model, loaded.info
     return EngineParts(
-        cache=lambda: hooks.cache_strategy(model, info, config),
-        prefill=lambda: hooks.prefill_strategy(model, info, config),
-        decoder=lambda: hooks.decoder(model, info, config),
+        cache=lambda: hooks.cache_strategy(model, info, config, resources),
+        prefill=lambda: hooks.prefill_strategy(model, info, config, resources),
+        decoder=lambda: hooks.decoder(model, info, config, resources),
         processors_for=lambda request: hooks.logits_processors(request, info),
     )
 
@@ -142,8 +148,10 @@ def build_runtime(
             info = attrs.evolve(info, chat_template=template)
             loaded = attrs.evolve(loaded, info=info)
     materialize(loaded.model)
+    resources = hooks.model_resources(loaded.model, loaded.info, config)
+    materialize(list(resources))
     parsers = Parsers.select(hooks, loaded.info, config.tool_call_parser, config.reasoning_parser)
-    parts = engine_parts(hooks, loaded, config)
+    parts = engine_parts(hooks, loaded, config, resources)
     engine = Engine(loaded.model, loaded.info, config, parts, memory_elsewhere)
     hidden = loaded.info.eos_token_ids | parsers.control_ids(loaded.info.vocab)
     return Runtime(
@@ -156,4 +164,5 @@ def build_runtime(
         parsers,
         hidden,
         media=loaded.media,
+        resources=resources,
     )

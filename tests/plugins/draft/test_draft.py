@@ -17,6 +17,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlxcore.config import ServerConfig
 from mlxcore.engine.request import GenerationRequest, SamplingParams
 from mlxcore.errors import UsageError
+from mlxcore.models.drafts import tokenizer_difference
 from mlxcore.runtime import Runtime
 from mlxcore.testing.distribution import (
     REQUESTS,
@@ -32,7 +33,7 @@ from mlxcore.testing.runtime import (
     reference_tokens,
     submit_together,
 )
-from mlxcore_draft import mlxcore_configure, tokenizer_difference
+from mlxcore_draft import mlxcore_configure
 from mlxcore_qwen35_mtp.testing import TINY_SIZE, build_mtp_model
 
 pytestmark = pytest.mark.xdist_group("draft")

@@ -23,6 +23,7 @@ from mlxcore.engine.strategies import Decoder
 from mlxcore.errors import UsageError
 from mlxcore.hookspecs import OptionGroup
 from mlxcore.model_info import ModelInfo
+from mlxcore.resources import ModelResources
 from mlxcore.settings import add_flags, read_settings, setting
 
 MLXCORE_AUTOLOAD = False
@@ -70,31 +71,24 @@ def mlxcore_configure(config: ServerConfig) -> None:
         )
 
 
-def tokenizer_difference(target: dict[str, int], draft: dict[str, int]) -> str | None:
-    """Why two vocabularies (token text -> id, special tokens included) differ, or None."""
-    if target == draft:
-        return None
-    for text, tid in sorted(target.items(), key=lambda item: item[1]):
-        if draft.get(text) != tid:
-            other = draft.get(text)
-            where = "has no such token" if other is None else f"has it as id {other}"
-            return f"the target's token {text!r} (id {tid}): the draft {where}"
-    extra = sorted(set(draft) - set(target), key=lambda t: draft[t])
-    return f"the draft has tokens the target lacks, e.g. {extra[0]!r} (id {draft[extra[0]]})"
+@attrs.frozen
+class DraftModel:
+    """The draft model, loaded and checked once per target load (the plugin's resource)."""
+
+    model: Any
+    path: str
 
 
 @hookimpl
-def mlxcore_decoder(model: Any, info: ModelInfo, config: ServerConfig) -> Decoder | None:
-    """The draft decoder, after checking the draft against the target."""
+def mlxcore_model_resources(model: Any, info: ModelInfo, config: ServerConfig) -> DraftModel:
+    """Load the draft once, after checking the target and the draft can speculate together."""
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
-    from mlxcore.models.loader import load_model
+    from mlxcore.models.drafts import load_draft
     from mlxcore.speculative.verify import TargetVerifier
-    from mlxcore_draft.decoder import DraftDecoder
 
-    settings = read_settings(config, DraftSettings)
-    source = settings.draft_model
+    source = read_settings(config, DraftSettings).draft_model
     assert source is not None  # mlxcore_configure checked it
     if not TargetVerifier(model).supports(make_prompt_cache(model)):
         raise UsageError(
@@ -102,14 +96,7 @@ def mlxcore_decoder(model: Any, info: ModelInfo, config: ServerConfig) -> Decode
             "cannot roll back rejected drafts (sliding-window or other non-attention "
             "layers); serve it without --plugin draft"
         )
-    loaded = load_model(source)
-    if info.vocab:
-        why = tokenizer_difference(info.vocab, loaded.info.vocab)
-        if why is not None:
-            raise UsageError(
-                f"--draft-model {source}: its tokenizer differs from the target's "
-                f"({len(loaded.info.vocab)} vs {len(info.vocab)} tokens; {why})"
-            )
+    loaded = load_draft(source, info, "--draft-model")
     draft = loaded.model
     if not TargetVerifier(draft).supports(make_prompt_cache(draft)):
         raise UsageError(
@@ -124,13 +111,27 @@ def mlxcore_decoder(model: Any, info: ModelInfo, config: ServerConfig) -> Decode
             f"--draft-model {source} ({loaded.info.model_type}): the draft cannot run "
             f"({type(exc).__name__}: {exc})"
         ) from exc
-    shared = speculative_settings(config)
     log.info("draft: target %s, draft %s", info.path, loaded.info.path)
+    return DraftModel(draft, str(loaded.info.path))
+
+
+@hookimpl
+def mlxcore_decoder(
+    model: Any, info: ModelInfo, config: ServerConfig, resources: ModelResources
+) -> Decoder | None:
+    """The draft decoder around the draft loaded at start-up (built again after a restart
+    or a failed step, never reloading the draft)."""
+    from mlxcore_draft.decoder import DraftDecoder
+
+    draft = resources.get(DraftModel)
+    if draft is None:
+        return None
+    shared = speculative_settings(config)
     return DraftDecoder(
         model,
-        draft,
+        draft.model,
         num_speculative_tokens=shared.tokens(DEFAULT_TOKENS),
         disable_by_batch_size=shared.batch_limit(DEFAULT_BATCH_LIMIT),
-        auto_off=settings.draft_auto_off,
+        auto_off=read_settings(config, DraftSettings).draft_auto_off,
         prefill_step=config.prefill_step_size,
     )

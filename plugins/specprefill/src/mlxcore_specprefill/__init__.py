@@ -17,11 +17,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import attrs
+
 from mlxcore import hookimpl
 from mlxcore.config import ServerConfig
 from mlxcore.engine.strategies import PrefillStrategy
 from mlxcore.errors import OptionError, UsageError
 from mlxcore.model_info import ModelInfo
+from mlxcore.resources import ModelResources
 from mlxcore_specprefill.options import FLAGS, add_options, request_settings, server_settings
 from mlxcore_specprefill.sequential import detect_target, probe_target
 from mlxcore_specprefill.stack import Unsupported, detect, probe
@@ -57,11 +60,23 @@ def mlxcore_configure(config: ServerConfig) -> None:
         )
 
 
+@attrs.frozen
+class ScoringDraft:
+    """The scoring draft and the target's structure, found and checked once per target
+    load (the plugin's resource)."""
+
+    target: Any
+    draft: Any
+
+
 @hookimpl
-def mlxcore_prefill_strategy(
+def mlxcore_model_resources(
     model: Any, info: ModelInfo, config: ServerConfig
-) -> PrefillStrategy | None:
-    """SpecPrefill for a supported target; ``None`` (chunked prefill) otherwise."""
+) -> ScoringDraft | None:
+    """Load the scoring draft once, for a supported target; ``None`` (normal prefill) for
+    an unsupported one, with the reason logged."""
+    from mlxcore.models.drafts import load_draft
+
     draft_path = config.option("specprefill_draft_model")
     if not draft_path:
         log.warning("specprefill: no --specprefill-draft-model; using normal prefill")
@@ -77,14 +92,7 @@ def mlxcore_prefill_strategy(
             exc,
         )
         return None
-    from mlxcore.models.loader import load_model
-
-    loaded = load_model(draft_path)
-    if info.vocab and loaded.info.vocab != info.vocab:
-        raise UsageError(
-            f"--specprefill-draft-model {draft_path}: its tokenizer differs from the "
-            f"target's ({len(loaded.info.vocab)} vs {len(info.vocab)} tokens)"
-        )
+    loaded = load_draft(str(draft_path), info, "--specprefill-draft-model")
     try:
         draft = detect(loaded.model)
         probe(draft)
@@ -94,7 +102,21 @@ def mlxcore_prefill_strategy(
             f"used as a draft: {exc}"
         ) from exc
     log.info("specprefill: target %s, draft %s", info.path, loaded.info.path)
-    return SpecPrefill(target, draft, server_settings(config), config.prefill_step_size)
+    return ScoringDraft(target, draft)
+
+
+@hookimpl
+def mlxcore_prefill_strategy(
+    model: Any, info: ModelInfo, config: ServerConfig, resources: ModelResources
+) -> PrefillStrategy | None:
+    """SpecPrefill around the draft loaded at start-up; ``None`` (chunked prefill) when
+    there is none (an unsupported target)."""
+    scoring = resources.get(ScoringDraft)
+    if scoring is None:
+        return None
+    return SpecPrefill(
+        scoring.target, scoring.draft, server_settings(config), config.prefill_step_size
+    )
 
 
 @hookimpl
