@@ -263,6 +263,34 @@ def test_embeddings_match_an_in_process_reference(client: openai.OpenAI, embed_m
         assert max(abs(a - b) for a, b in zip(values, want, strict=True)) < 1e-5
 
 
+def gauge(server: Server, name: str) -> float:
+    text = httpx.get(f"{server.base_url}/metrics", timeout=30).text
+    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.MULTILINE)
+    assert match is not None, f"no {name} in /metrics"
+    return float(match.group(1))
+
+
+def test_an_embedding_during_a_decode_batch_is_an_engine_job(
+    client: openai.OpenAI, server: Server
+) -> None:
+    stream = client.chat.completions.create(
+        model="qwen",
+        messages=[{"role": "user", "content": "Tell a long story"}],
+        max_tokens=300,
+        stream=True,
+    )
+    chunks = iter(stream)
+    next(chunks)  # the engine is decoding this request now (qwen is loaded)
+    before = gauge(server, "mlxcore_embedding_jobs_completed")  # summed over loaded models
+    data = client.embeddings.create(model="qwen", input=["while it decodes"]).data
+    health = httpx.get(f"{server.base_url}/health", timeout=30).json()
+    assert len(data[0].embedding) > 0
+    assert health["running"] >= 1 and health["jobs"] == {"running": 0, "waiting": 0}
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert gauge(server, "mlxcore_embedding_jobs_completed") == before + 1
+    assert gauge(server, "mlxcore_embedding_jobs_failed") == 0
+
+
 def test_embeddings_token_input_and_dimensions(client: openai.OpenAI) -> None:
     by_text = client.embeddings.create(model="embed", input="hello").data[0].embedding
     ids = httpx.post(

@@ -72,6 +72,42 @@ def normalize(vectors: mx.array, dimensions: int | None = None) -> mx.array:
     return vectors / mx.maximum(norms, 1e-12)
 
 
+def batches(inputs: Sequence[Sequence[int]], batch_tokens: int = BATCH_TOKENS) -> list[list[int]]:
+    """The forward passes :func:`embed_tokens` makes: indices of ``inputs``, sorted by
+    length and cut so that no pass holds more than ``batch_tokens`` padded tokens (one
+    input alone may hold more)."""
+    order = sorted(range(len(inputs)), key=lambda i: len(inputs[i]))
+    out: list[list[int]] = []
+    start = 0
+    while start < len(order):
+        end = start + 1
+        while end < len(order) and len(inputs[order[end]]) * (end + 1 - start) <= batch_tokens:
+            end += 1
+        out.append(order[start:end])
+        start = end
+    return out
+
+
+def forward_bytes(
+    model: Any, inputs: Sequence[Sequence[int]], batch_tokens: int = BATCH_TOKENS
+) -> int:
+    """An upper estimate of the memory one call of :func:`embed_tokens` holds at once: the
+    largest pass's float32 activations (hidden states, the MLP's expansion, the attention
+    scores) and every result vector. What the engine's admission counts for the job."""
+    args = getattr(model, "args", None)
+    width = hidden_size(model)
+    mlp = getattr(args, "intermediate_size", None)
+    heads = getattr(args, "num_attention_heads", None)
+    mlp = mlp if isinstance(mlp, int) else 4 * width
+    heads = heads if isinstance(heads, int) else 1
+    largest = 0
+    for rows in batches(inputs, batch_tokens):
+        length = max(len(inputs[i]) for i in rows)
+        tokens = len(rows) * length
+        largest = max(largest, tokens * (4 * width + 2 * mlp) + len(rows) * heads * length**2)
+    return 4 * (largest + len(inputs) * width)
+
+
 def embed_tokens(
     model: Any,
     inputs: Sequence[Sequence[int]],
@@ -82,20 +118,14 @@ def embed_tokens(
 ) -> list[list[float]]:
     """Embeddings of ``inputs`` (token ids each, none empty), in their order."""
     body = body_of(model)
-    order = sorted(range(len(inputs)), key=lambda i: len(inputs[i]))
     out: list[list[float]] = [[] for _ in inputs]
-    start = 0
-    while start < len(order):
-        end = start + 1
-        while end < len(order) and len(inputs[order[end]]) * (end + 1 - start) <= batch_tokens:
-            end += 1
-        batch = [list(inputs[i]) for i in order[start:end]]
+    for indices in batches(inputs, batch_tokens):
+        batch = [list(inputs[i]) for i in indices]
         width = max(len(ids) for ids in batch)
         padded = mx.array([ids + [0] * (width - len(ids)) for ids in batch])
         hidden = body(padded)
         vectors = normalize(pool(hidden, [len(ids) for ids in batch], pooling), dimensions)
         rows: list[list[float]] = vectors.tolist()  # type: ignore[assignment]
-        for i, row in zip(order[start:end], rows, strict=True):
+        for i, row in zip(indices, rows, strict=True):
             out[i] = row
-        start = end
     return out

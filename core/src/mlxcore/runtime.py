@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import attrs
@@ -45,6 +46,26 @@ class Runtime:
     """The model's :class:`mlxcore.media.MediaHandler`, ``None`` for text-only models."""
     resources: ModelResources = attrs.field(factory=ModelResources)
     """What the plugins loaded for this model (``mlxcore_model_resources``), once."""
+
+    def embed(
+        self,
+        inputs: Sequence[Sequence[int]],
+        *,
+        pooling: str = "last",
+        dimensions: int | None = None,
+    ) -> Future[list[list[float]]]:
+        """Embeddings of ``inputs`` (token ids each, see :mod:`mlxcore.embeddings`),
+        computed by the engine as a job: admitted under its memory budget, between two
+        steps of the running batch, watched by its watchdog. Raises what
+        :meth:`Engine.submit_job` raises; the future holds the vectors, in order."""
+        from mlxcore.embeddings import embed_tokens, forward_bytes
+
+        model, rows = self.model, [list(ids) for ids in inputs]
+
+        def run() -> list[list[float]]:
+            return embed_tokens(model, rows, pooling=pooling, dimensions=dimensions)
+
+        return self.engine.submit_job("embedding", run, forward_bytes(model, rows))
 
     def pipeline(
         self,

@@ -15,6 +15,8 @@ engine owns what must hold whatever a strategy does:
   retryable error, never a hang), marks the engine unavailable and restarts it with
   fresh strategies, at most ``--engine-max-restarts`` times in ten minutes; after that
   the engine stays failed (``/health`` 503, ``mlxcore serve`` exits non-zero);
+* **model jobs** (embeddings): other work on the model runs here too, between two steps,
+  under the same budget and watchdog (:mod:`mlxcore.engine.jobs`);
 * **shutdown**: stop admitting, answer the waiting requests, give the running ones a
   deadline, then end them.
 """
@@ -28,21 +30,21 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from typing import Any
 
 import mlx.core as mx
 
 from mlxcore.config import ServerConfig
+from mlxcore.engine.admission import Admission, EngineOverloaded, EngineUnavailable
 from mlxcore.engine.events import (
-    OVERLOADED,
     UNAVAILABLE,
     Event,
     EventSink,
     FinishEvent,
     RequestHandle,
-    Usage,
-    send,
 )
+from mlxcore.engine.jobs import JobQueue, ModelJob
 from mlxcore.engine.kv_quant import KVQuantization
 from mlxcore.engine.loop import BatchLoop
 from mlxcore.engine.memory import MemoryBudget, release_memory
@@ -51,7 +53,7 @@ from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.strategies import CacheStrategy, Decoder, PrefillStrategy
 from mlxcore.engine.threads import run_job
 from mlxcore.engine.validation import ModelLimits, RequestRejected, check_request
-from mlxcore.errors import MlxcoreError, UsageError
+from mlxcore.errors import UsageError
 from mlxcore.model_info import ModelInfo
 
 log = logging.getLogger(__name__)
@@ -68,15 +70,7 @@ RESTART_BACKOFF = 2.0
 """Seconds the engine stays unavailable after a fault before it admits again."""
 
 
-class EngineOverloaded(MlxcoreError):
-    """The waiting queue is full; the caller should retry later (HTTP 503 / 429 / 529)."""
-
-
-class EngineUnavailable(MlxcoreError):
-    """The engine is restarting after a fault, has failed for good, or is shutting down."""
-
-
-class Engine:
+class Engine(Admission):
     """Continuous-batching generation over one model, supervised.
 
     Args:
@@ -128,6 +122,8 @@ class Engine:
                 "does not keep a quantized KV cache; use --kv-cache-dtype auto or the plain decoder"
             )
         self._waiting: collections.deque[RequestHandle] = collections.deque()
+        self.jobs = JobQueue()
+        """Model work besides generation (embeddings), run between steps."""
         self._wake = threading.Condition()
         self._uids = itertools.count(1)
         self._epoch = 0
@@ -268,6 +264,24 @@ class Engine:
             self._wake.notify()
         return handle
 
+    def submit_job(self, kind: str, run: Callable[[], Any], cost: int) -> Future[Any]:
+        """Queue model work (``run()`` on the engine thread, holding up to ``cost`` bytes);
+        the future holds its result. Raises :class:`EngineOverloaded` when
+        ``--max-queue-size`` jobs wait, :class:`EngineUnavailable` as :meth:`submit` does."""
+        if self.state == "new":
+            self.start()
+        job = ModelJob(kind, run, cost)
+        with self._wake:
+            if self.state != "running" or time.monotonic() < self._available_at:
+                raise EngineUnavailable(self.reason or "the engine is restarting")
+            if self.step_sync is not None:
+                raise EngineUnavailable(f"a distributed engine runs no {kind} jobs")
+            if len(self.jobs.waiting) >= self.config.max_queue_size:
+                raise EngineOverloaded(f"server busy: {len(self.jobs.waiting)} jobs waiting")
+            self.jobs.waiting.append(job)
+            self._wake.notify()
+        return job.future
+
     def stream(self, request: GenerationRequest) -> Iterator[Event]:
         """Submit ``request`` and yield its events in order (blocking; for the CLI)."""
         events: queue.SimpleQueue[Event] = queue.SimpleQueue()
@@ -304,6 +318,7 @@ class Engine:
             "engine_up": 1.0 if self.health()[0] else 0.0,
             "engine_restarts": len(self._restarts),
             "engine_faults": sum(self.faults.values()),
+            **self.jobs.stats(),
             **cache.gauges(),
             **self.memory.gauges(cache.nbytes, self._reserved(loop), self.peak_reserved),
         }
@@ -321,77 +336,6 @@ class Engine:
         requests' caches may grow to, and the prefix cache."""
         loop = self._loop
         return self._reserved(loop) + loop.cache.stats().nbytes
-
-    # -- queue (caller holds the lock) -----------------------------------------
-
-    def _drop_cancelled_waiting(self) -> None:
-        """Requests cancelled while queued leave the queue at once."""
-        if not any(h.cancel_reason is not None for h in self._waiting):
-            return
-        keep: collections.deque[RequestHandle] = collections.deque()
-        for handle in self._waiting:
-            if handle.cancel_reason is None:
-                keep.append(handle)
-            else:
-                self._end(handle, handle.cancel_reason)
-        self._waiting = keep
-
-    def _expire_waiting(self) -> None:
-        """Requests that waited longer than ``--max-queue-wait`` end as overloaded."""
-        limit = self.config.max_queue_wait
-        if limit <= 0 or not self._waiting:
-            return
-        oldest = time.monotonic() - limit
-        while self._waiting and self._waiting[0].queued_at < oldest:
-            handle = self._waiting.popleft()
-            self.expired += 1
-            self._end(handle, "error", OVERLOADED, f"waited more than {limit:g} s in the queue")
-
-    def _end_waiting(self, code: str, error: str) -> None:
-        while self._waiting:
-            self._end(self._waiting.popleft(), "error", code, error)
-
-    @staticmethod
-    def _end(handle: RequestHandle, reason: str, code: str | None = None, error: str = "") -> None:
-        usage = Usage(len(handle.request.prompt_tokens))
-        send(handle, FinishEvent(reason, usage, error or None, code))
-
-    def _reserved(self, loop: BatchLoop) -> int:
-        """Cache bytes the admitted requests may grow to (prompt + max_tokens each)."""
-        return sum(
-            self.memory.cost(len(live.request.prompt_tokens) + live.request.max_tokens)
-            for live in list(loop.live.values())
-        )
-
-    def _take_waiting(self, loop: BatchLoop) -> list[RequestHandle]:
-        """Pop the requests that may start now: a free slot each, and their cache fits
-        the budget left (evicting prefix-cache entries first)."""
-        self._drop_cancelled_waiting()
-        room = self.config.max_num_seqs - len(loop.live)
-        reserved = self._reserved(loop)
-        taken: list[RequestHandle] = []
-        while room > 0 and self._waiting:
-            head = self._waiting[0].request
-            need = self.memory.cost(len(head.prompt_tokens) + head.max_tokens)
-            if (loop.live or taken) and not self._fits(loop, reserved + need):
-                break
-            taken.append(self._waiting.popleft())
-            reserved += need
-            room -= 1
-        self.peak_reserved = max(self.peak_reserved, reserved)
-        return taken
-
-    def _fits(self, loop: BatchLoop, reserved: int) -> bool:
-        budget = self.memory.kv_budget(loop.cache.stats().nbytes)
-        if budget is None or reserved <= budget:
-            return True
-        shortfall = reserved - budget
-        try:
-            loop.cache.evict(shortfall)
-        except Exception:
-            log.exception("cache strategy %s failed to evict", loop.cache.name)
-        budget = self.memory.kv_budget(loop.cache.stats().nbytes)
-        return budget is None or reserved <= budget
 
     # -- engine thread ----------------------------------------------------
 
@@ -414,6 +358,7 @@ class Engine:
                             break
                         self._expire_waiting()
                         admitted = [] if self._stopping else self._take_waiting(loop)
+                        job = None if self._stopping else self._take_job(loop)
                         waiting = list(self._waiting)
                 if idle and sync is not None:
                     if not self._pause(epoch, sync, loop):
@@ -424,6 +369,8 @@ class Engine:
                     if sync is not None:
                         admitted = sync.lead(loop, admitted)
                     loop.iterate(admitted)
+                    if job is not None:
+                        self.jobs.run(job)
                     loop.prefetch(waiting)
                 except Exception as exc:
                     self._busy_since = None
@@ -451,7 +398,7 @@ class Engine:
     def _idle(self, loop: BatchLoop) -> bool:
         if self._stopping:
             return False
-        return not self._waiting and not loop.live
+        return not self._waiting and not loop.live and not self.jobs.waiting
 
     def _wait_idle(self, loop: BatchLoop, timeout: float = IDLE_RELEASE_SECONDS / 2) -> None:
         """Nothing to do: sleep until woken (at most ``timeout``); once idle for
@@ -553,6 +500,7 @@ class Engine:
         old = self._loop
         self._epoch += 1
         old.fail_all(reason, UNAVAILABLE)
+        self.jobs.fail_running(EngineUnavailable(reason))
         old.abandoned = True
         self._busy_since = None
 

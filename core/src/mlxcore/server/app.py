@@ -68,6 +68,7 @@ HEALTH = obj(
         "running": INTEGER,
         "waiting": INTEGER,
         "restarts": INTEGER,
+        "jobs": obj({"running": INTEGER, "waiting": INTEGER}),
         "memory": obj(dict.fromkeys(_BYTES, INTEGER)),
     },
     {
@@ -110,6 +111,10 @@ async def health(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
         "running": int(stats.get("requests_running", 0)),
         "waiting": int(stats.get("requests_waiting", 0)),
         "restarts": int(stats.get("engine_restarts", 0)),
+        "jobs": {  # embeddings the engines run between steps
+            "running": int(stats.get("jobs_running", 0)),
+            "waiting": int(stats.get("jobs_waiting", 0)),
+        },
         "memory": {
             "weights_bytes": int(stats.get("memory_weights_bytes", 0)),
             "kv_reserved_bytes": int(stats.get("memory_kv_reserved_bytes", 0)),

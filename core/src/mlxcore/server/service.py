@@ -87,10 +87,6 @@ class GenerationService:
         """``generate`` or ``embed`` (an embedding model serves only /v1/embeddings)."""
         self.pooling = pooling
         """How embeddings are taken from the hidden states: ``last`` or ``mean``."""
-        self.embedding_runs = 0
-        """Embedding requests in progress (the model is busy while they run)."""
-        self.embedding_turn = asyncio.Lock()
-        """Held while an embedding forward pass runs (they take turns)."""
         workers = runtime.config.prepare_workers
         # A few threads (the tokenizer is safe to share): one slow request (a huge
         # prompt, a slow remote image) does not hold up the requests behind it.
@@ -128,8 +124,8 @@ class GenerationService:
         """True while any request of this model is being prepared, queued, generated or
         embedded (the router never unloads a busy model)."""
         stats = self.runtime.engine.stats()
-        running = stats.get("requests_running", 0) + stats.get("requests_waiting", 0)
-        return bool(self._preparing or self.embedding_runs or running)
+        keys = ("requests_running", "requests_waiting", "jobs_running", "jobs_waiting")
+        return bool(self._preparing or any(stats.get(key, 0) for key in keys))
 
     def close(self) -> None:
         """Stop the preparation threads (work already queued still runs)."""

@@ -12,8 +12,8 @@ import msgspec
 from litestar import Request, post
 
 from mlxcore.builtin.openai.replies import EMBEDDING_LIST
-from mlxcore.embeddings import EmbeddingError, embed_tokens, hidden_size
-from mlxcore.engine.threads import call_on_worker
+from mlxcore.embeddings import EmbeddingError, hidden_size
+from mlxcore.engine.engine import EngineOverloaded, EngineUnavailable
 from mlxcore.server.errors import APIError, invalid, overloaded
 from mlxcore.server.frontend import decode_body, model_service, served_name, unless_disconnected
 from mlxcore.server.openapi import BODY_OPTION, REPLIES_OPTION, TOKEN_ID, reply
@@ -122,24 +122,17 @@ async def create_embeddings(request: Request[Any, Any, Any]) -> dict[str, Any]:
     svc = await model_service(request, body.model, task=None)
     _check_dimensions(svc, body.dimensions)
     inputs = await svc.prepare(_inputs, svc, body)
-    if svc.embedding_runs >= svc.config.max_queue_size:
-        raise overloaded(f"server busy: {svc.embedding_runs} embedding requests in progress")
-    model, pooling, dimensions = svc.runtime.model, svc.pooling, body.dimensions
-
-    async def run() -> list[list[float]]:
-        async with svc.embedding_turn:  # one forward pass of this model at a time
-            work = call_on_worker(
-                lambda: embed_tokens(model, inputs, pooling=pooling, dimensions=dimensions)
-            )
-            return await asyncio.shield(asyncio.wrap_future(work))
-
-    svc.embedding_runs += 1
     try:
-        vectors = await unless_disconnected(request, run())
+        job = svc.runtime.embed(inputs, pooling=svc.pooling, dimensions=body.dimensions)
+    except (EngineOverloaded, EngineUnavailable) as exc:
+        svc.metrics.rejected.labels(reason="overloaded").inc()
+        raise overloaded(str(exc)) from None
+    try:
+        vectors = await unless_disconnected(request, asyncio.wrap_future(job))
     except EmbeddingError as exc:
         raise invalid(str(exc), "model") from None
-    finally:
-        svc.embedding_runs -= 1
+    except (EngineOverloaded, EngineUnavailable) as exc:  # waited too long; a fault
+        raise overloaded(str(exc)) from None
     tokens = sum(len(ids) for ids in inputs)
     return {
         "object": "list",

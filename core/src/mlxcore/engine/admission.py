@@ -1,0 +1,123 @@
+"""Admission: which waiting requests and jobs an engine takes next (a slot free, their
+cache within the memory budget), and how waiting ones end (cancelled, past
+``--max-queue-wait``, a fault, shutdown).
+
+:class:`Admission` is the engine's queue half; :class:`~mlxcore.engine.engine.Engine`
+holds the state it reads (the caller holds the engine's lock unless a method says not).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+
+from mlxcore.config import ServerConfig
+from mlxcore.engine.events import OVERLOADED, FinishEvent, RequestHandle, Usage, send
+from mlxcore.engine.jobs import JobQueue, ModelJob
+from mlxcore.engine.loop import BatchLoop
+from mlxcore.engine.memory import MemoryBudget
+from mlxcore.errors import MlxcoreError
+
+log = logging.getLogger("mlxcore.engine.engine")
+
+
+class EngineOverloaded(MlxcoreError):
+    """The waiting queue is full; the caller should retry later (HTTP 503 / 429 / 529)."""
+
+
+class EngineUnavailable(MlxcoreError):
+    """The engine is restarting after a fault, has failed for good, or is shutting down."""
+
+
+class Admission:
+    """The engine's waiting requests and jobs, and the rules that admit them."""
+
+    config: ServerConfig
+    memory: MemoryBudget
+    jobs: JobQueue
+    _waiting: collections.deque[RequestHandle]
+    expired: int
+    peak_reserved: int
+
+    def _drop_cancelled_waiting(self) -> None:
+        """Requests cancelled while queued leave the queue at once."""
+        if not any(h.cancel_reason is not None for h in self._waiting):
+            return
+        keep: collections.deque[RequestHandle] = collections.deque()
+        for handle in self._waiting:
+            if handle.cancel_reason is None:
+                keep.append(handle)
+            else:
+                self._end(handle, handle.cancel_reason)
+        self._waiting = keep
+
+    def _expire_waiting(self) -> None:
+        """Requests that waited longer than ``--max-queue-wait`` end as overloaded."""
+        limit = self.config.max_queue_wait
+        if limit <= 0 or not self._waiting:
+            return
+        oldest = time.monotonic() - limit
+        while self._waiting and self._waiting[0].queued_at < oldest:
+            handle = self._waiting.popleft()
+            self.expired += 1
+            self._end(handle, "error", OVERLOADED, f"waited more than {limit:g} s in the queue")
+
+    def _end_waiting(self, code: str, error: str) -> None:
+        while self._waiting:
+            self._end(self._waiting.popleft(), "error", code, error)
+        self.jobs.fail_waiting(EngineUnavailable(error))
+
+    @staticmethod
+    def _end(handle: RequestHandle, reason: str, code: str | None = None, error: str = "") -> None:
+        usage = Usage(len(handle.request.prompt_tokens))
+        send(handle, FinishEvent(reason, usage, error or None, code))
+
+    def _reserved(self, loop: BatchLoop) -> int:
+        """Cache bytes the admitted requests may grow to (prompt + max_tokens each), and
+        the bytes of the running job."""
+        return self.jobs.reserved + sum(
+            self.memory.cost(len(live.request.prompt_tokens) + live.request.max_tokens)
+            for live in list(loop.live.values())
+        )
+
+    def _take_job(self, loop: BatchLoop) -> ModelJob | None:
+        """The job to run after this step, if its bytes fit beside the admitted requests."""
+        reserved = self._reserved(loop)
+
+        def fits(need: int) -> bool:
+            return not loop.live or self._fits(loop, reserved + need)
+
+        limit = self.config.max_queue_wait
+        late = EngineOverloaded(f"server busy: the job waited more than {limit:g} s")
+        return self.jobs.take(fits, limit, lambda: late)
+
+    def _take_waiting(self, loop: BatchLoop) -> list[RequestHandle]:
+        """Pop the requests that may start now: a free slot each, and their cache fits
+        the budget left (evicting prefix-cache entries first)."""
+        self._drop_cancelled_waiting()
+        room = self.config.max_num_seqs - len(loop.live)
+        reserved = self._reserved(loop)
+        taken: list[RequestHandle] = []
+        while room > 0 and self._waiting:
+            head = self._waiting[0].request
+            need = self.memory.cost(len(head.prompt_tokens) + head.max_tokens)
+            if (loop.live or taken) and not self._fits(loop, reserved + need):
+                break
+            taken.append(self._waiting.popleft())
+            reserved += need
+            room -= 1
+        self.peak_reserved = max(self.peak_reserved, reserved)
+        return taken
+
+    def _fits(self, loop: BatchLoop, reserved: int) -> bool:
+        budget = self.memory.kv_budget(loop.cache.stats().nbytes)
+        if budget is None or reserved <= budget:
+            return True
+        shortfall = reserved - budget
+        try:
+            loop.cache.evict(shortfall)
+        except Exception:
+            log.exception("cache strategy %s failed to evict", loop.cache.name)
+        budget = self.memory.kv_budget(loop.cache.stats().nbytes)
+        return budget is None or reserved <= budget

@@ -1,0 +1,109 @@
+"""Model jobs (embeddings) run by the engine: between the steps of a running batch, under
+its memory budget, watched by its watchdog; a job that fails or hangs costs nothing else."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from mlxcore.embeddings import embed_tokens, forward_bytes
+from mlxcore.engine.engine import EngineUnavailable
+from mlxcore.engine.events import Event, FinishEvent, TokenEvent
+from mlxcore.engine.request import GenerationRequest
+from mlxcore.testing.runtime import make_runtime
+
+PROMPT = tuple(range(10, 30))
+TEXTS = [[5, 6, 7, 8], [9, 10], list(range(40, 70))]
+
+
+def start(rt, max_tokens: int) -> queue.SimpleQueue[Event]:
+    events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+    rt.engine.submit(GenerationRequest(PROMPT, max_tokens), events.put)
+    first = events.get(timeout=60)
+    assert isinstance(first, TokenEvent)  # decoding now
+    return events
+
+
+def finish_of(events: queue.SimpleQueue[Event]) -> FinishEvent:
+    while True:
+        event = events.get(timeout=120)
+        if isinstance(event, FinishEvent):
+            return event
+
+
+def test_an_embedding_runs_between_the_steps_of_a_decoding_batch(tiny_llama: Path) -> None:
+    rt = make_runtime(tiny_llama)
+    try:
+        events = start(rt, 400)
+        vectors = rt.embed(TEXTS, pooling="mean").result(timeout=60)
+        stats = rt.engine.stats()
+        assert stats["requests_running"] == 1  # the batch was not drained for it
+        assert stats["embedding_jobs_completed"] == 1 and stats["jobs_running"] == 0
+        finish = finish_of(events)
+        assert finish.reason == "length" and finish.usage.completion_tokens == 400
+        # on the engine's thread or not, the same vectors as a direct call
+        assert vectors == embed_tokens(rt.model, TEXTS, pooling="mean")
+        assert forward_bytes(rt.model, TEXTS) > 0
+    finally:
+        rt.engine.shutdown(timeout=5)
+
+
+def test_a_job_waits_until_its_bytes_fit_and_counts_while_it_runs(tiny_llama: Path) -> None:
+    rt = make_runtime(tiny_llama)
+    too_big = 10**15  # more than any budget beside a running request
+    try:
+        events = start(rt, 60)
+        seen: list[float] = []
+
+        def job() -> str:
+            stats = rt.engine.stats()
+            seen.extend([stats["requests_running"], stats["memory_kv_reserved_bytes"]])
+            return "ran"
+
+        done = rt.engine.submit_job("embedding", job, too_big)
+        time.sleep(0.3)
+        assert not done.done() and rt.engine.stats()["jobs_waiting"] == 1
+        assert finish_of(events).reason == "length"
+        assert done.result(timeout=30) == "ran"
+        assert seen == [0, too_big]  # alone, and reserved while it ran
+        assert rt.engine.stats()["memory_kv_reserved_bytes"] == 0
+    finally:
+        rt.engine.shutdown(timeout=5)
+
+
+def test_a_failing_job_fails_alone(tiny_llama: Path) -> None:
+    rt = make_runtime(tiny_llama)
+    try:
+        events = start(rt, 40)
+
+        def broken() -> None:
+            raise ValueError("no body to embed with")
+
+        with pytest.raises(ValueError, match="no body"):
+            rt.engine.submit_job("embedding", broken, 1).result(timeout=30)
+        assert finish_of(events).reason == "length"
+        stats = rt.engine.stats()
+        assert stats["embedding_jobs_failed"] == 1 and stats["engine_faults"] == 0
+    finally:
+        rt.engine.shutdown(timeout=5)
+
+
+def test_a_hung_job_is_caught_by_the_watchdog(tiny_llama: Path) -> None:
+    rt = make_runtime(tiny_llama, engine_watchdog=1.0)
+    release = threading.Event()
+    try:
+        started = time.monotonic()
+        hung = rt.engine.submit_job("embedding", lambda: release.wait(60), 1)
+        with pytest.raises(EngineUnavailable, match="no progress"):
+            hung.result(timeout=15)
+        assert time.monotonic() - started < 6
+        assert rt.engine.faults["hang"] == 1
+        time.sleep(2.1)  # the restart back-off
+        assert len(rt.embed([[1, 2, 3]]).result(timeout=30)[0]) > 0
+    finally:
+        release.set()
+        rt.engine.shutdown(timeout=5)
