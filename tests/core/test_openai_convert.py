@@ -10,7 +10,7 @@ from mlxcore.builtin.openai import convert
 from mlxcore.builtin.openai.convert import normalize_chat
 from mlxcore.builtin.openai.schemas import ChatCompletionRequest, Message
 from mlxcore.engine.validation import RequestRejected, check_stops
-from mlxcore.server.builder import generation_budget
+from mlxcore.request_builder import generation_budget
 from mlxcore.server.errors import APIError
 
 
@@ -109,9 +109,9 @@ def test_sampling_defaults_follow_openai() -> None:
 
 def test_max_tokens_and_stops() -> None:
     assert generation_budget(None, 512, 100) == 100
-    with pytest.raises(APIError):
+    with pytest.raises(RequestRejected):
         generation_budget(0, 512, None)
-    with pytest.raises(APIError):
+    with pytest.raises(RequestRejected):
         generation_budget(10**30, 512, 4096)
     assert convert.stop_list("x") == ["x"]
     assert check_stops(["a", ""]) == ["a"]

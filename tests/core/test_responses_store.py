@@ -105,7 +105,7 @@ def test_reasoning_round_trips_and_foreign_blobs_are_ignored() -> None:
 def test_a_warning_about_what_clients_keep_sending_is_logged_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from mlxcore.server.frontend import warn_once
+    from mlxcore.request_builder import warn_once
 
     caplog.set_level(logging.DEBUG, logger="mlxcore.server")
     for _ in range(3):

@@ -1,5 +1,5 @@
-"""The object every front end, command and test builds from: a loaded model, its
-parsers and its engine.
+"""The model session every front end, command and test builds from: a loaded model,
+its parsers, what plugins loaded for it, and its engine (the only way to run it).
 
 ``mlxcore serve``, ``mlxcore generate``, ``mlxcore bench`` and the tests all go
 through :func:`build_runtime`, so there is exactly one engine and one way to load.
@@ -46,6 +46,13 @@ class Runtime:
     """The model's :class:`mlxcore.media.MediaHandler`, ``None`` for text-only models."""
     resources: ModelResources = attrs.field(factory=ModelResources)
     """What the plugins loaded for this model (``mlxcore_model_resources``), once."""
+    _request_options: frozenset[str] | None = attrs.field(default=None, init=False)
+
+    def request_options(self) -> frozenset[str]:
+        """The request fields the plugins read (``mlxcore_request_options``), asked once."""
+        if self._request_options is None:
+            self._request_options = self.hooks.request_options()
+        return self._request_options
 
     def embed(
         self,

@@ -21,10 +21,10 @@ import attrs
 from mlxcore.config import ServerConfig
 from mlxcore.engine.events import FinishEvent, TokenEvent
 from mlxcore.engine.prefill_plan import common_prefix
-from mlxcore.engine.request import GenerationRequest
+from mlxcore.engine.request import GenerationRequest, SamplingParams
 from mlxcore.hooks import PluginHooks
 from mlxcore.plugins import PluginSelection, create_plugin_manager, load_plugins
-from mlxcore.prompts import render_chat
+from mlxcore.request_builder import ChatPrompt, RequestSpec, build_generations
 from mlxcore.runtime import Runtime, build_runtime
 
 TOOL_NAMES = ("read_file", "write_file", "grep", "list_dir", "run_tests", "edit_file")
@@ -165,17 +165,21 @@ def run_agent_session(
     computed = {"measured": 0, "baseline": 0}
 
     def measure(messages: list[dict[str, Any]], kind: str) -> Turn:
-        rendered = render_chat(warm.tokenizer, messages, tools=TOOLS)
-        prompt = tuple(rendered.ids)
-        request = GenerationRequest(
-            prompt, max_tokens, checkpoints=rendered.checkpoints(), boundaries=rendered.boundaries
+        spec = RequestSpec(
+            prompt=ChatPrompt(messages, TOOLS),
+            sampling=SamplingParams(),
+            new_id=lambda: f"agent-{kind}",
+            max_tokens=max_tokens,
         )
+        (built,) = build_generations(warm, spec)  # the path an HTTP chat request takes
+        request = built.request
+        prompt = request.prompt_tokens
         before = _processed(warm), _processed(base)
         ttft, finish = _ttft(warm, request)
         base_ttft = _ttft(base, request)[0] if base is not None else None
         computed["measured"] += _processed(warm) - before[0]
         computed["baseline"] += _processed(base) - before[1]
-        cold_ttft, _ = _ttft(cold, GenerationRequest(prompt, max_tokens))
+        cold_ttft, _ = _ttft(cold, attrs.evolve(request, checkpoints=(), boundaries=()))
         shared = _shared(prompt, seen)
         seen.append(prompt)
         cached = finish.usage.cached_tokens

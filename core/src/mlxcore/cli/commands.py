@@ -16,13 +16,19 @@ from mlxcore.cli.distributed import parallel_mode
 from mlxcore.cli.model_specs import ServedModels
 from mlxcore.config import ServerConfig
 from mlxcore.engine.events import FinishEvent, TokenEvent
-from mlxcore.engine.request import GenerationRequest, SamplingParams
-from mlxcore.errors import MlxcoreError
+from mlxcore.engine.request import SamplingParams
+from mlxcore.engine.validation import RequestRejected
+from mlxcore.errors import MediaError, MlxcoreError
 from mlxcore.hooks import PluginHooks
 from mlxcore.models.catalog import ModelSpec
 from mlxcore.output import OutputDelta
 from mlxcore.plugins import plugin_statuses
-from mlxcore.prompts import render_chat_prompt
+from mlxcore.request_builder import (
+    ChatPrompt,
+    RequestSpec,
+    TextPrompt,
+    build_generations,
+)
 from mlxcore.runtime import Runtime, build_runtime
 
 log = logging.getLogger(__name__)
@@ -49,33 +55,53 @@ def list_plugins(pm: pluggy.PluginManager) -> int:
     return 0
 
 
-def generate(args: argparse.Namespace, config: ServerConfig, hooks: PluginHooks) -> int:
-    """One generation through the engine and the output pipeline, streamed to stdout.
+DEFAULT_MAX_TOKENS = 256
+"""``mlxcore generate``'s budget without ``--max-tokens`` (cut to what the context leaves)."""
 
-    Reasoning, when the model's parser separates it, goes to stderr.
+
+def generate_spec(args: argparse.Namespace) -> RequestSpec:
+    """The command line's request, in the terms every front end uses."""
+    prompt: ChatPrompt | TextPrompt
+    if args.raw:
+        prompt = TextPrompt(text=args.prompt)
+    else:
+        system = [{"role": "system", "content": args.system}] if args.system else []
+        prompt = ChatPrompt([*system, {"role": "user", "content": args.prompt}])
+    options = args.request_options
+    if not isinstance(options, dict):
+        raise MlxcoreError("--request-options must be a JSON object")
+    return RequestSpec(
+        prompt=prompt,
+        sampling=SamplingParams(temperature=args.temperature, seed=args.seed),
+        new_id=lambda: "cli",
+        max_tokens=args.max_tokens,
+        default_max_tokens=DEFAULT_MAX_TOKENS,
+        extras=options,
+    )
+
+
+def generate(args: argparse.Namespace, config: ServerConfig, hooks: PluginHooks) -> int:
+    """One generation through the request builder, the engine and the output pipeline
+    (the path an HTTP request takes), streamed to stdout.
+
+    Reasoning, when the model's parser separates it, goes to stderr. A request the model
+    cannot serve ends with the message an HTTP client would get in its 400.
     """
     rt = build_runtime(config, hooks)
-    prompt_text = ""
-    if args.raw:
-        prompt_tokens = rt.tokenizer.encode(args.prompt)
-    else:
-        messages = []
-        if args.system:
-            messages.append({"role": "system", "content": args.system})
-        messages.append({"role": "user", "content": args.prompt})
-        prompt_text, prompt_tokens = render_chat_prompt(rt.tokenizer, messages)
-    request = GenerationRequest(
-        prompt_tokens=tuple(prompt_tokens),
-        max_tokens=args.max_tokens,
-        sampling=SamplingParams(temperature=args.temperature, seed=args.seed),
-        request_id="cli",
-    )
-    pipeline = rt.pipeline(prompt_text=prompt_text)
+    try:
+        (gen,) = build_generations(rt, generate_spec(args))
+    except (RequestRejected, MediaError) as exc:
+        rt.engine.shutdown()
+        raise MlxcoreError(exc.message) from None
+    except BaseException:
+        rt.engine.shutdown()
+        raise
+    pipeline = gen.pipeline
     start = time.perf_counter()
     first_at: float | None = None
     finish: FinishEvent | None = None
     try:
-        for event in rt.engine.stream(request):
+        for event in rt.engine.stream(gen.request):
             if isinstance(event, TokenEvent):
                 first_at = first_at or time.perf_counter()
                 _show(pipeline.push(event.tokens))

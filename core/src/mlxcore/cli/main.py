@@ -8,6 +8,7 @@ the command. Any failure before serving exits non-zero with one clear line.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from collections.abc import Callable, Sequence
@@ -71,10 +72,23 @@ def build_parser(hooks: PluginHooks | None) -> tuple[argparse.ArgumentParser, se
         "--prompt", "-p", required=True, help="the user message (or raw text with --raw)"
     )
     gen.add_argument("--system", default=None, help="a system message")
-    gen.add_argument("--max-tokens", type=int, default=256, help="most tokens to generate")
+    gen.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="most tokens to generate (default: 256, or what the context leaves)",
+    )
     gen.add_argument("--temperature", "--temp", type=float, default=0.0, help="0 = greedy")
     gen.add_argument("--seed", type=int, default=None, help="random seed for sampling")
     gen.add_argument("--raw", action="store_true", help="do not apply the chat template")
+    gen.add_argument(
+        "--request-options",
+        type=json.loads,
+        default={},
+        metavar="JSON",
+        help="per-request plugin options, as the extra fields of an HTTP request body "
+        """(e.g. '{"speculative": false}'); checked by the plugins the same way""",
+    )
     core_dests.update(a.dest for a in gen._actions)
     bench = add(
         "bench",

@@ -15,6 +15,10 @@ import msgspec
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
 
+from mlxcore.engine.validation import RequestRejected
+from mlxcore.errors import MediaError, OptionError
+from mlxcore.structured import CONSTRAINT_CODE
+
 log = logging.getLogger(__name__)
 
 _TYPES = {
@@ -70,12 +74,6 @@ def invalid(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param=param, code="invalid_value" if param else None)
 
 
-CONSTRAINT_CODE = "invalid_constraint"
-"""The error code of a constraint the request asks for and the server cannot hold: a
-``tool_choice`` the ``tools`` do not meet, a ``response_format`` schema outside what the
-structured-output compiler takes (no JSON Schema of the request body can state these)."""
-
-
 def constraint_error(message: str, param: str) -> APIError:
     """A 400 for a constraint that cannot be held (:data:`CONSTRAINT_CODE`)."""
     return APIError(400, message, param=param, code=CONSTRAINT_CODE)
@@ -101,6 +99,17 @@ def from_validation(exc: msgspec.ValidationError | msgspec.DecodeError) -> APIEr
     else:
         text = f"the request body must be a JSON object: {text}"
     return invalid(text, param)
+
+
+def from_domain(exc: RequestRejected | OptionError | MediaError) -> APIError:
+    """A 400 for a request the model session refused (:mod:`mlxcore.request_builder`),
+    a plugin option it rejected, or a media part it could not read."""
+    if isinstance(exc, RequestRejected):
+        code = exc.code or ("invalid_value" if exc.field else None)
+        return APIError(400, exc.message, param=exc.field, code=code)
+    if isinstance(exc, OptionError):
+        return invalid(str(exc), exc.field)
+    return invalid(exc.message, exc.field)
 
 
 def internal_error(exc: BaseException, context: str) -> APIError:
@@ -132,6 +141,8 @@ def as_api_error(request: Request[Any, Any, Any], exc: Exception) -> APIError:
     (front ends with their own error shape render it themselves)."""
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, RequestRejected | OptionError | MediaError):
+        return from_domain(exc)
     if isinstance(exc, msgspec.ValidationError | msgspec.DecodeError):
         return from_validation(exc)
     if isinstance(exc, HTTPException):

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 import msgspec
 from litestar import Request
 
-from mlxcore.errors import OptionError
 from mlxcore.models.default import DEFAULT_MODEL_NAME
 from mlxcore.models.names import model_name
 from mlxcore.server.errors import APIError, from_validation, invalid
@@ -19,29 +17,6 @@ from mlxcore.server.router import ModelRouter
 from mlxcore.server.service import GenerationService
 
 T = TypeVar("T")
-
-
-_warned: set[str] = set()
-_log = logging.getLogger("mlxcore.server")
-
-
-def warn_once(key: str, message: str, *args: Any) -> None:
-    """Log a warning about what clients keep sending (``key`` names the case) once per
-    process; later occurrences go to the debug log, so an agent that sends the same
-    thing every turn does not flood the log."""
-    level = logging.DEBUG if key in _warned else logging.WARNING
-    _warned.add(key)
-    _log.log(level, message, *args)
-
-
-def service_of(request: Request[Any, Any, Any]) -> GenerationService:
-    """The default model's :class:`GenerationService` when it is loaded (front ends use
-    :func:`model_service`, which loads the model a request names)."""
-    router: ModelRouter = request.app.state.router
-    svc = router.default.service
-    if svc is None:
-        raise APIError(503, "the default model is not loaded", code="model_unavailable")
-    return svc
 
 
 async def model_service(
@@ -132,24 +107,6 @@ async def decode_body(request: Request[Any, Any, Any], body_type: type[T]) -> T:
     """The JSON body decoded strictly as ``body_type`` (see :func:`decode_request`)."""
     body, _ = await decode_request(request, body_type)
     return body
-
-
-def validated_options(svc: GenerationService, options: dict[str, Any]) -> dict[str, Any]:
-    """``options`` after every plugin checked its own keys; a bad value is a 400 naming
-    the field (plugins raise :class:`OptionError`)."""
-    try:
-        svc.runtime.hooks.validate_options(options, svc.config)
-    except OptionError as exc:
-        raise invalid(str(exc), exc.field) from None
-    known = svc.request_options
-    for name in options:
-        if name not in known:
-            warn_once(
-                f"unknown-field:{name}",
-                "request field %r is not known to this server or its plugins; it is ignored",
-                name,
-            )
-    return options
 
 
 async def _disconnected(request: Request[Any, Any, Any]) -> None:

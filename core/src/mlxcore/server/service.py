@@ -1,8 +1,9 @@
 """The bridge between HTTP front ends and the engine thread.
 
-A front end builds a :class:`~mlxcore.engine.request.GenerationRequest` and an
-:class:`~mlxcore.output.OutputPipeline`, then iterates :meth:`GenerationService.run`
-for :class:`~mlxcore.output.OutputDelta` objects. Events cross from the engine
+A front end builds its :class:`~mlxcore.request_builder.Generation` objects with the
+model session's request builder on :meth:`GenerationService.prepare` (its errors become
+400s here), then starts them with :meth:`GenerationService.start` and iterates the
+:class:`~mlxcore.output.OutputDelta` objects it returns. Events cross from the engine
 thread to the event loop through ``call_soon_threadsafe``; when the consumer
 stops early (client gone, stop string), the engine request is cancelled.
 """
@@ -13,13 +14,10 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-import attrs
-
-from mlxcore import structured
 from mlxcore.engine.engine import EngineOverloaded, EngineUnavailable
 from mlxcore.engine.events import (
     OVERLOADED,
@@ -28,15 +26,13 @@ from mlxcore.engine.events import (
     FinishEvent,
     RequestHandle,
     TokenEvent,
-    Usage,
 )
-from mlxcore.engine.request import GenerationRequest
-from mlxcore.engine.validation import RequestRejected, check_request, check_stops
-from mlxcore.errors import MediaError
-from mlxcore.output import OutputDelta, OutputPipeline
-from mlxcore.prompts import RenderedPrompt, render_chat
+from mlxcore.engine.validation import RequestRejected
+from mlxcore.errors import MediaError, OptionError
+from mlxcore.output import OutputDelta
+from mlxcore.request_builder import Generation
 from mlxcore.runtime import Runtime
-from mlxcore.server.errors import APIError, constraint_error, invalid, overloaded
+from mlxcore.server.errors import APIError, from_domain, overloaded
 from mlxcore.server.keys import charge_current
 from mlxcore.server.metrics import Metrics
 
@@ -44,27 +40,7 @@ T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
-RESERVED_OPTIONS = (structured.OPTION, structured.START_AFTER_OPTION, structured.MAY_OPEN_OPTION)
-"""Engine options the front ends set themselves (a body field of these names is dropped)."""
-
-
-@attrs.define
-class Generation:
-    """One running generation as the front end sees it."""
-
-    request: GenerationRequest
-    pipeline: OutputPipeline
-    usage: Usage = attrs.field(factory=Usage)
-    created_at: float = attrs.field(factory=time.perf_counter)
-    first_token_at: float | None = None
-    handle: RequestHandle | None = None
-    generated: int = 0
-    """Tokens generated so far (``usage`` is final only at the end)."""
-
-
-MAX_CHARS_PER_TOKEN = 32
-"""A prompt longer than ``context x this`` characters cannot fit whatever the
-tokenizer: it is refused before it is templated or tokenized."""
+__all__ = ["Generation", "GenerationService", "collect", "merge_streams"]
 
 
 class GenerationService:
@@ -93,12 +69,6 @@ class GenerationService:
         self._prepare_pool = ThreadPoolExecutor(workers, thread_name_prefix="mlxcore-prepare")
         self._preparing = 0
 
-    @functools.cached_property
-    def request_options(self) -> frozenset[str]:
-        """The request body fields plugins read (beyond each API's own schema), and the
-        engine's own options that front ends set."""
-        return self.runtime.hooks.request_options() | frozenset(RESERVED_OPTIONS)
-
     async def prepare(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the service's preparation pool, off the event loop.
 
@@ -114,8 +84,8 @@ class GenerationService:
         self._preparing += 1
         try:
             return await loop.run_in_executor(self._prepare_pool, functools.partial(fn, *args))
-        except MediaError as exc:
-            raise invalid(exc.message, exc.field) from None
+        except (RequestRejected, OptionError, MediaError) as exc:
+            raise from_domain(exc) from None
         finally:
             self._preparing -= 1
 
@@ -140,74 +110,6 @@ class GenerationService:
     def context_length(self) -> int | None:
         """The most tokens a sequence may hold (see :attr:`Engine.max_context`)."""
         return self.runtime.engine.max_context
-
-    def check_prompt_size(self, chars: int, param: str = "messages") -> None:
-        """Refuse a prompt of ``chars`` characters that cannot fit the context whatever
-        it tokenizes to, before spending time on it (400 naming ``param``)."""
-        limit = self.context_length
-        if limit is not None and chars > limit * MAX_CHARS_PER_TOKEN:
-            raise APIError(
-                400,
-                f"the prompt ({chars} characters) is far longer than the model's context of "
-                f"{limit} tokens",
-                param=param,
-                code="context_length_exceeded",
-            )
-
-    def chat_prompt(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        tools: Sequence[Mapping[str, Any]] | None,
-        template_kwargs: Mapping[str, Any],
-    ) -> RenderedPrompt:
-        """Render and tokenize a chat prompt; template errors become a 400."""
-        try:
-            self.check_prompt_size(_text_size(messages) + _text_size(tools))
-        except RecursionError:
-            raise invalid("the messages are nested too deeply", "messages") from None
-        try:
-            return render_chat(
-                self.runtime.tokenizer, messages, tools=tools, **dict(template_kwargs)
-            )
-        except APIError:
-            raise
-        except Exception as exc:
-            raise invalid(
-                f"the chat template could not render these messages: {exc}", "messages"
-            ) from None
-
-    def encode(self, text: str) -> list[int]:
-        """Tokenize raw text (completions)."""
-        self.check_prompt_size(len(text), "prompt")
-        ids: list[int] = self.runtime.tokenizer.encode(text)
-        return ids
-
-    def pipeline(
-        self, *, stops: Sequence[str] = (), stops_field: str = "stop", **kwargs: Any
-    ) -> OutputPipeline:
-        """A fresh output pipeline for one request (see :meth:`Runtime.pipeline`); the
-        stop strings are checked with the same limits on every route."""
-        try:
-            checked = check_stops(stops, stops_field)
-        except RequestRejected as exc:
-            raise invalid(exc.message, exc.field) from None
-        return self.runtime.pipeline(stops=checked, **kwargs)
-
-    def validate(self, request: GenerationRequest) -> None:
-        """Check ``request`` against the model and compile its output constraint, on the
-        preparation pool (a schema llguidance cannot compile is a 400 here, not a
-        failure on the engine thread). Front ends call it for every request they build."""
-        try:
-            check_request(request, self.runtime.engine.limits)
-        except RequestRejected as exc:
-            code = exc.code or "invalid_value"
-            raise APIError(400, exc.message, param=exc.field, code=code) from None
-        constraint = request.options.get(structured.OPTION)
-        if constraint is not None:
-            try:
-                structured.prepare(self.runtime.tokenizer, constraint)
-            except structured.ConstraintError as exc:
-                raise constraint_error(str(exc), "response_format") from None
 
     async def start(self, gen: Generation) -> AsyncIterator[OutputDelta]:
         """Submit ``gen.request`` and wait until the engine starts it; return its output
@@ -350,17 +252,6 @@ def _generation_error(request_id: str, event: FinishEvent) -> APIError:
         type="server_error",
         code="generation_failed",
     )
-
-
-def _text_size(value: Any) -> int:
-    """Characters of text in a JSON-like value (strings counted, structure ignored)."""
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, Mapping):
-        return sum(_text_size(v) for v in value.values())
-    if isinstance(value, list | tuple):
-        return sum(_text_size(v) for v in value)
-    return 0
 
 
 async def collect(deltas: AsyncIterator[OutputDelta]) -> OutputDelta:

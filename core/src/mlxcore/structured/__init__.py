@@ -54,7 +54,13 @@ MAY_OPEN_OPTION = "constraint_may_open"
 the output may begin with instead of constrained text, opening a free block that ends
 with the start-after text. Without it the constraint waits for the start-after text."""
 
+CONSTRAINT_CODE = "invalid_constraint"
+"""The error code of a constraint the request asks for and the server cannot hold: a
+``tool_choice`` the ``tools`` do not meet, a ``response_format`` schema outside what the
+structured-output compiler takes (no JSON Schema of the request body can state these)."""
+
 __all__ = [
+    "CONSTRAINT_CODE",
     "MAY_OPEN_OPTION",
     "OPTION",
     "START_AFTER_OPTION",

@@ -7,12 +7,12 @@ from typing import Any
 
 from litestar import Request, Response, Router, post
 
+from mlxcore import request_builder as builder
 from mlxcore import structured
 from mlxcore.engine.events import Usage
 from mlxcore.media import MediaPart
 from mlxcore.output import OutputDelta
-from mlxcore.server import builder
-from mlxcore.server.builder import ChatPrompt, Constraint, RequestSpec
+from mlxcore.request_builder import ChatPrompt, Constraint, RequestSpec
 from mlxcore.server.errors import APIError, as_api_error, constraint_error, invalid
 from mlxcore.server.frontend import (
     decode_body,
@@ -85,7 +85,7 @@ def build_generation(
     svc: GenerationService, body: MessagesRequest, extras: dict[str, Any]
 ) -> Generation:
     """Validate a Messages request and prepare its generation."""
-    (generation,) = builder.build_generations(svc, request_spec(svc, body, extras))
+    (generation,) = builder.build_generations(svc.runtime, request_spec(svc, body, extras))
     return generation
 
 
@@ -193,7 +193,7 @@ async def count_tokens(request: Request[Any, Any, Any]) -> dict[str, int]:
     svc = await model_service(request, body.model)
     prompt = await svc.prepare(
         lambda: builder.prepare_prompt(
-            svc, builder.with_server_defaults(svc, chat_prompt(svc, body)), {}
+            svc.runtime, builder.with_server_defaults(svc.runtime, chat_prompt(svc, body)), {}
         )
     )
     return {"input_tokens": len(prompt.ids)}

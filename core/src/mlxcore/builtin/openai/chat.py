@@ -8,6 +8,7 @@ from typing import Any
 
 from litestar import Request, Response, post
 
+from mlxcore import request_builder as builder
 from mlxcore.builtin.openai import convert
 from mlxcore.builtin.openai.encode import (
     SSE_DONE,
@@ -24,8 +25,7 @@ from mlxcore.builtin.openai.encode import (
 from mlxcore.builtin.openai.replies import CHAT_COMPLETION, CHAT_EVENTS
 from mlxcore.builtin.openai.schemas import ChatCompletionRequest, StreamOptions
 from mlxcore.output import OutputDelta
-from mlxcore.server import builder
-from mlxcore.server.builder import ChatPrompt, RequestSpec
+from mlxcore.request_builder import ChatPrompt, RequestSpec
 from mlxcore.server.frontend import (
     decode_request,
     model_service,
@@ -77,7 +77,7 @@ def build_generations(
     svc: GenerationService, body: ChatCompletionRequest, extras: dict[str, Any]
 ) -> list[Generation]:
     """One :class:`Generation` per choice (``n``) of a chat completion request."""
-    return builder.build_generations(svc, request_spec(svc, body, extras))
+    return builder.build_generations(svc.runtime, request_spec(svc, body, extras))
 
 
 @post(

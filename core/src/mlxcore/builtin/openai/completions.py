@@ -8,6 +8,7 @@ from typing import Any
 
 from litestar import Request, Response, post
 
+from mlxcore import request_builder as builder
 from mlxcore import structured
 from mlxcore.builtin.openai import convert
 from mlxcore.builtin.openai.encode import (
@@ -23,8 +24,7 @@ from mlxcore.builtin.openai.encode import (
 from mlxcore.builtin.openai.replies import TEXT_COMPLETION, TEXT_EVENTS
 from mlxcore.builtin.openai.schemas import CompletionRequest, StreamOptions
 from mlxcore.output import OutputDelta
-from mlxcore.server import builder
-from mlxcore.server.builder import Constraint, RequestSpec, TextPrompt
+from mlxcore.request_builder import Constraint, RequestSpec, TextPrompt
 from mlxcore.server.errors import constraint_error, invalid
 from mlxcore.server.frontend import (
     decode_request,
@@ -87,7 +87,7 @@ def build_generations(
     svc: GenerationService, body: CompletionRequest, extras: dict[str, Any]
 ) -> list[Generation]:
     """One generation per choice of a text completion request."""
-    return builder.build_generations(svc, request_spec(svc, body, extras))
+    return builder.build_generations(svc.runtime, request_spec(svc, body, extras))
 
 
 @post(

@@ -15,7 +15,7 @@ from mlxcore.builtin.openai.schemas import ChatCompletionRequest, Message, Sampl
 from mlxcore.engine.request import SamplingParams
 from mlxcore.engine.validation import MAX_TOP_LOGPROBS
 from mlxcore.media import MediaHandler, MediaPart
-from mlxcore.server.builder import Constraint
+from mlxcore.request_builder import Constraint
 from mlxcore.server.errors import constraint_error, invalid
 
 MAX_N = 16

@@ -14,6 +14,7 @@ from litestar import Request, post
 from mlxcore.builtin.openai.replies import EMBEDDING_LIST
 from mlxcore.embeddings import EmbeddingError, hidden_size
 from mlxcore.engine.engine import EngineOverloaded, EngineUnavailable
+from mlxcore.request_builder import check_prompt_size
 from mlxcore.server.errors import APIError, invalid, overloaded
 from mlxcore.server.frontend import decode_body, model_service, served_name, unless_disconnected
 from mlxcore.server.openapi import BODY_OPTION, REPLIES_OPTION, TOKEN_ID, reply
@@ -66,7 +67,7 @@ def _inputs(svc: GenerationService, body: EmbeddingRequest) -> list[list[int]]:
         if isinstance(item, str):
             if not item:
                 raise invalid("an input must not be an empty string", field)
-            svc.check_prompt_size(len(item), field)
+            check_prompt_size(svc.runtime, len(item), field)
             ids = list(svc.runtime.tokenizer.encode(item))
         elif isinstance(item, list) and item and all(_is_token(t) for t in item):
             ids = list(item)

@@ -21,8 +21,8 @@ import msgspec
 
 from mlxcore.builtin.openai import convert
 from mlxcore.media import MediaHandler, MediaPart
+from mlxcore.request_builder import warn_once
 from mlxcore.server.errors import invalid
-from mlxcore.server.frontend import warn_once
 
 MESSAGE_ROLES = {"user", "assistant", "system", "developer"}
 TEXT_PARTS = {"input_text", "output_text", "text", "summary_text", "reasoning_text"}

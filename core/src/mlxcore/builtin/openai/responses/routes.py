@@ -16,6 +16,7 @@ from typing import Any, cast
 import attrs
 from litestar import Request, get, post, route
 
+from mlxcore import request_builder as builder
 from mlxcore.builtin.openai import convert
 from mlxcore.builtin.openai.encode import new_id
 from mlxcore.builtin.openai.responses import items as item_conv
@@ -32,8 +33,7 @@ from mlxcore.builtin.openai.schemas import ChatCompletionRequest
 from mlxcore.engine.events import Usage
 from mlxcore.media import MediaPart
 from mlxcore.output import OutputDelta
-from mlxcore.server import builder
-from mlxcore.server.builder import ChatPrompt, RequestSpec
+from mlxcore.request_builder import ChatPrompt, RequestSpec
 from mlxcore.server.errors import APIError, invalid
 from mlxcore.server.frontend import (
     decode_request,
@@ -196,13 +196,13 @@ def prepare(
         extras=extras,
         constraint=constraint,
     )
-    (generation,) = builder.build_generations(svc, spec)
+    (generation,) = builder.build_generations(svc.runtime, spec)
     return Prepared(generation, _with_ids(given), namespaces)
 
 
 def _usage(svc: GenerationService, usage: Usage, output: list[dict[str, Any]]) -> dict[str, Any]:
     reasoning = sum(
-        len(svc.encode(part["text"])) if part.get("text") else 0
+        len(svc.runtime.tokenizer.encode(part["text"])) if part.get("text") else 0
         for item in output
         if item["type"] == "reasoning"
         for part in item.get("content", [])

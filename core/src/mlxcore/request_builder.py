@@ -1,0 +1,408 @@
+"""One request builder for every front end: HTTP routes, ``mlxcore generate``, the bench.
+
+A front end (OpenAI chat, OpenAI completions, Anthropic Messages, the CLI) checks the
+fields only its API has, then describes the request in API-neutral terms, a
+:class:`RequestSpec`, and :func:`build_generations` does the rest the same way for all
+of them, against the model session (:class:`~mlxcore.runtime.Runtime`):
+
+1. the plugins check their per-request options (``mlxcore_validate_options``);
+2. the prompt is rendered with the chat template and tokenized once (or the raw
+   text is tokenized), and media parts are expanded by the model's media handler;
+3. the generation budget is checked against the context left after the prompt;
+4. a constraint (``response_format``, a forced tool choice) becomes engine options,
+   starting after the reasoning when the model thinks first; its grammar is
+   compiled here, never on the engine thread;
+5. one :class:`GenerationRequest` and output pipeline per choice (``n``).
+
+What cannot be served raises :class:`~mlxcore.engine.validation.RequestRejected` (the
+field at fault and a code; the server answers it as a 400 in the API's own shape, the
+CLI prints it), or :class:`~mlxcore.errors.MediaError` for media parts.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from mlxcore import structured
+from mlxcore.engine.events import RequestHandle, Usage
+from mlxcore.engine.request import GenerationRequest, SamplingParams
+from mlxcore.engine.validation import RequestRejected, check_request, check_stops
+from mlxcore.errors import OptionError
+from mlxcore.media import MediaPart
+from mlxcore.output import OutputPipeline
+from mlxcore.parsers.base import ToolParser
+from mlxcore.prompts import RenderedPrompt, render_chat
+from mlxcore.runtime import Runtime
+
+RESERVED_OPTIONS = (structured.OPTION, structured.START_AFTER_OPTION, structured.MAY_OPEN_OPTION)
+"""Engine options the builder sets itself (a body field of these names is dropped)."""
+
+MAX_CHARS_PER_TOKEN = 32
+"""A prompt longer than ``context x this`` characters cannot fit whatever the
+tokenizer: it is refused before it is templated or tokenized."""
+
+CONTEXT_CODE = "context_length_exceeded"
+"""The error code of a prompt or budget that does not fit the model's context."""
+
+_warned: set[str] = set()
+_log = logging.getLogger("mlxcore.server")
+
+
+def warn_once(key: str, message: str, *args: Any) -> None:
+    """Log a warning about what clients keep sending (``key`` names the case) once per
+    process; later occurrences go to the debug log, so an agent that sends the same
+    thing every turn does not flood the log."""
+    level = logging.DEBUG if key in _warned else logging.WARNING
+    _warned.add(key)
+    _log.log(level, message, *args)
+
+
+def rejected(message: str, field: str | None = None) -> RequestRejected:
+    """A request error naming ``field`` (code ``invalid_value`` when there is one)."""
+    return RequestRejected(message, field, "invalid_value" if field else None)
+
+
+@attrs.frozen
+class ChatPrompt:
+    """Messages for the model's chat template (already in the template's shape)."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    template_kwargs: Mapping[str, Any] = attrs.field(factory=dict)
+    media_parts: Sequence[MediaPart] = ()
+
+
+@attrs.frozen
+class TextPrompt:
+    """A raw prompt (text completions): text to tokenize, or token ids as given."""
+
+    text: str | None = None
+    ids: Sequence[int] | None = None
+    field: str = "prompt"
+
+
+@attrs.frozen
+class Constraint:
+    """What the output must match (a compiled-on-preparation grammar source), and for a
+    forced tool choice a factory of the parser that reads the constrained output."""
+
+    value: Any
+    tool_parser: Callable[[], ToolParser] | None = None
+
+
+@attrs.frozen
+class RequestSpec:
+    """A request in API-neutral terms: what :func:`build_generations` needs."""
+
+    prompt: ChatPrompt | TextPrompt
+    sampling: SamplingParams
+    new_id: Callable[[], str]
+    """Makes each choice's request id in the API's own format (``chatcmpl-...``)."""
+    max_tokens: int | None = None
+    """What the client asked for (``None``: ``default_max_tokens``, cut to the room left)."""
+    default_max_tokens: int = 16
+    max_tokens_field: str = "max_tokens"
+    cap_max_tokens: bool = False
+    """Cut a ``max_tokens`` beyond the context left to what is left, instead of a 400
+    (Anthropic's required ``max_tokens``: Claude Code asks for 32,000 whatever the
+    model's context)."""
+    stops: Sequence[str] = ()
+    stops_field: str = "stop"
+    stop_token_ids: Sequence[int] = ()
+    """Token ids that end the generation besides the model's end of sequence (vLLM's)."""
+    extras: Mapping[str, Any] = attrs.field(factory=dict)
+    """Body fields outside the API's schema: the plugins' per-request options."""
+    constraint: Constraint | None = None
+    n: int = 1
+    parse: bool = True
+    """Run the model's reasoning and tool parsers (``False``: raw text)."""
+
+
+@attrs.frozen
+class Prompt:
+    """A prompt ready for the engine."""
+
+    ids: list[int]
+    text: str = ""
+    checkpoints: tuple[int, ...] = ()
+    boundaries: tuple[int, ...] = ()
+    media: Any = None
+    cache_key: tuple[int, ...] | None = None
+
+
+@attrs.define
+class Generation:
+    """One generation as its front end sees it: the engine request, the output pipeline
+    that turns its tokens into text, and what it has used so far."""
+
+    request: GenerationRequest
+    pipeline: OutputPipeline
+    usage: Usage = attrs.field(factory=Usage)
+    created_at: float = attrs.field(factory=time.perf_counter)
+    first_token_at: float | None = None
+    handle: RequestHandle | None = None
+    generated: int = 0
+    """Tokens generated so far (``usage`` is final only at the end)."""
+
+
+# -- prompts -------------------------------------------------------------------
+
+
+def check_prompt_size(rt: Runtime, chars: int, field: str = "messages") -> None:
+    """Refuse a prompt of ``chars`` characters that cannot fit the context whatever it
+    tokenizes to, before spending time on it."""
+    limit = rt.engine.max_context
+    if limit is not None and chars > limit * MAX_CHARS_PER_TOKEN:
+        raise RequestRejected(
+            f"the prompt ({chars} characters) is far longer than the model's context of "
+            f"{limit} tokens",
+            field,
+            CONTEXT_CODE,
+        )
+
+
+def encode(rt: Runtime, text: str, field: str = "prompt") -> list[int]:
+    """Tokenize raw text (completions), after the size check."""
+    check_prompt_size(rt, len(text), field)
+    ids: list[int] = rt.tokenizer.encode(text)
+    return ids
+
+
+def chat_prompt(
+    rt: Runtime,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None,
+    template_kwargs: Mapping[str, Any],
+) -> RenderedPrompt:
+    """Render and tokenize a chat prompt; a template that refuses the messages is a
+    request error on ``messages``."""
+    try:
+        check_prompt_size(rt, _text_size(messages) + _text_size(tools))
+    except RecursionError:
+        raise rejected("the messages are nested too deeply", "messages") from None
+    try:
+        return render_chat(rt.tokenizer, messages, tools=tools, **dict(template_kwargs))
+    except RequestRejected:
+        raise
+    except Exception as exc:
+        raise rejected(
+            f"the chat template could not render these messages: {exc}", "messages"
+        ) from None
+
+
+def prepare_prompt(
+    rt: Runtime, prompt: ChatPrompt | TextPrompt, options: Mapping[str, Any]
+) -> Prompt:
+    """Render and tokenize ``prompt`` (and expand its media parts with ``options``)."""
+    if isinstance(prompt, TextPrompt):
+        if prompt.ids is not None:
+            vocab = len(rt.tokenizer)
+            if any(not 0 <= t < vocab for t in prompt.ids):
+                raise rejected("prompt token ids must be inside the vocabulary", prompt.field)
+            ids = list(prompt.ids)
+        else:
+            ids = encode(rt, prompt.text or "", prompt.field)
+        if not ids:
+            raise rejected("prompt must not be empty", prompt.field)
+        return Prompt(ids)
+    rendered = chat_prompt(rt, prompt.messages, prompt.tools, prompt.template_kwargs)
+    if not prompt.media_parts:
+        return Prompt(rendered.ids, rendered.text, rendered.checkpoints(), rendered.boundaries)
+    media = rt.media
+    assert media is not None, "media parts are only collected when the model has a handler"
+    prepared = media.prepare(rendered.text, prompt.media_parts, options)
+    key = None if prepared.cache_key is None else tuple(prepared.cache_key)
+    return Prompt(prepared.ids, rendered.text, (), (), prepared.payload, key)
+
+
+def with_server_defaults(rt: Runtime, prompt: ChatPrompt) -> ChatPrompt:
+    """``prompt`` with the server's default template variables under its own
+    (``--default-chat-template-kwargs``), and its tools dropped (with a warning, or an
+    error under ``--refuse-unrenderable-tools``) when the template cannot show tools."""
+    defaults = rt.config.default_chat_template_kwargs
+    if defaults:
+        prompt = attrs.evolve(prompt, template_kwargs={**defaults, **prompt.template_kwargs})
+    if prompt.tools and not rt.info.template_mentions("tools"):
+        if rt.config.refuse_unrenderable_tools:
+            raise rejected("this model's chat template cannot show tools to the model", "tools")
+        warn_once(
+            "unrenderable-tools",
+            "a request has %d tools but the model's chat template does not render tools; "
+            "serving it without them (--refuse-unrenderable-tools makes this a 400)",
+            len(prompt.tools),
+        )
+        prompt = attrs.evolve(prompt, tools=None)
+    return prompt
+
+
+# -- options, budget, constraint ----------------------------------------------------
+
+
+def validated_options(rt: Runtime, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` after every plugin checked its own keys (a plugin's
+    :class:`OptionError` becomes a request error naming the field); fields no plugin
+    declared are logged once and ignored."""
+    try:
+        rt.hooks.validate_options(options, rt.config)
+    except OptionError as exc:
+        raise rejected(str(exc), exc.field) from None
+    known = rt.request_options()
+    for name in options:
+        if name not in known and name not in RESERVED_OPTIONS:
+            warn_once(
+                f"unknown-field:{name}",
+                "request field %r is not known to this server or its plugins; it is ignored",
+                name,
+            )
+    return options
+
+
+def generation_budget(
+    value: int | None,
+    default: int,
+    limit: int | None,
+    field: str = "max_tokens",
+    *,
+    prompt_len: int = 0,
+    prompt_field: str = "messages",
+    cap: bool = False,
+) -> int:
+    """The generation budget, checked against the context ``limit`` left after the prompt.
+
+    Without a value the default is cut to the room left; a value below 1, or beyond that
+    room, is refused (``field`` is the one the client used). A prompt that fills the
+    context by itself is refused naming ``prompt_field``. With ``cap`` a value beyond the
+    room is cut to it (an API whose limit is a required upper bound, not a request).
+    """
+    room = None if limit is None else limit - prompt_len
+    if room is not None and room < 1:
+        raise RequestRejected(
+            f"the prompt ({prompt_len} tokens) fills the model's context of {limit} tokens",
+            prompt_field,
+            CONTEXT_CODE,
+        )
+    if value is None:
+        return default if room is None else min(default, room)
+    if value < 1:
+        raise rejected(f"{field} must be at least 1", field)
+    if cap and room is not None:
+        return min(value, room)
+    if room is not None and value > room:
+        raise rejected(
+            f"{field} {value} plus the prompt's {prompt_len} tokens exceeds the model's "
+            f"context of {limit} tokens",
+            field,
+        )
+    return value
+
+
+def reasoning_gate(rt: Runtime, prompt: ChatPrompt | TextPrompt, text: str) -> dict[str, str]:
+    """Options that let a constraint hold whether or not the model thinks first: free
+    until the think block closes when the rendered prompt opened one; else constrained
+    from the first token, unless the output opens a block there. Empty without a
+    reasoning parser, for raw prompts, or with thinking turned off."""
+    parser = rt.parsers.reasoning
+    if not isinstance(prompt, ChatPrompt) or parser is None:
+        return {}
+    if prompt.template_kwargs.get("enable_thinking") is False:
+        return {}
+    close = str(getattr(parser, "close_tag", "</think>"))
+    if parser.prompt_opens_reasoning(text):
+        return {structured.START_AFTER_OPTION: close}
+    opener = str(getattr(parser, "open_tag", "<think>"))
+    return {structured.START_AFTER_OPTION: close, structured.MAY_OPEN_OPTION: opener}
+
+
+def validate(rt: Runtime, request: GenerationRequest) -> None:
+    """Check ``request`` against the model and compile its output constraint here (a
+    schema llguidance cannot compile is a request error, not a failure on the engine
+    thread)."""
+    check_request(request, rt.engine.limits)
+    constraint = request.options.get(structured.OPTION)
+    if constraint is not None:
+        try:
+            structured.prepare(rt.tokenizer, constraint)
+        except structured.ConstraintError as exc:
+            raise RequestRejected(str(exc), "response_format", structured.CONSTRAINT_CODE) from None
+
+
+def output_pipeline(
+    rt: Runtime, *, stops: Sequence[str] = (), stops_field: str = "stop", **kwargs: Any
+) -> OutputPipeline:
+    """A fresh output pipeline for one request (see :meth:`Runtime.pipeline`), its stop
+    strings checked with the same limits for every front end."""
+    return rt.pipeline(stops=check_stops(stops, stops_field), **kwargs)
+
+
+# -- the builder -------------------------------------------------------------------
+
+
+def build_generations(rt: Runtime, spec: RequestSpec) -> list[Generation]:
+    """One :class:`Generation` per choice of ``spec`` (blocking: rendering and
+    tokenizing take a while; the server runs it on its preparation pool)."""
+    if isinstance(spec.prompt, ChatPrompt):
+        spec = attrs.evolve(spec, prompt=with_server_defaults(rt, spec.prompt))
+    extras = {k: v for k, v in spec.extras.items() if k not in RESERVED_OPTIONS}
+    plugin_options = validated_options(rt, extras)
+    prompt = prepare_prompt(rt, spec.prompt, plugin_options)
+    prompt_field = spec.prompt.field if isinstance(spec.prompt, TextPrompt) else "messages"
+    budget = generation_budget(
+        spec.max_tokens,
+        spec.default_max_tokens,
+        rt.engine.max_context,
+        spec.max_tokens_field,
+        prompt_len=len(prompt.ids),
+        prompt_field=prompt_field,
+        cap=spec.cap_max_tokens,
+    )
+    options = dict(plugin_options)
+    if spec.constraint is not None:
+        options[structured.OPTION] = spec.constraint.value
+        options.update(reasoning_gate(rt, spec.prompt, prompt.text))
+    tools = spec.prompt.tools if isinstance(spec.prompt, ChatPrompt) else None
+    factory = spec.constraint.tool_parser if spec.constraint else None
+    gens = []
+    for i in range(spec.n):
+        sampling = spec.sampling
+        if i and sampling.seed is not None:  # each choice its own, reproducible, stream
+            sampling = attrs.evolve(sampling, seed=(sampling.seed + i) & (2**64 - 1))
+        request = GenerationRequest(
+            prompt_tokens=tuple(prompt.ids),
+            checkpoints=prompt.checkpoints,
+            boundaries=prompt.boundaries,
+            stop_token_ids=frozenset(spec.stop_token_ids),
+            max_tokens=budget,
+            sampling=sampling,
+            options=options,
+            request_id=spec.new_id(),
+            media=prompt.media,
+            cache_key=prompt.cache_key,
+        )
+        validate(rt, request)
+        pipeline = output_pipeline(
+            rt,
+            stops=spec.stops,
+            stops_field=spec.stops_field,
+            tools=tools,
+            prompt_text=prompt.text,
+            parse=spec.parse,
+            tool_parser=factory() if factory else None,
+        )
+        gens.append(Generation(request, pipeline))
+    return gens
+
+
+def _text_size(value: Any) -> int:
+    """Characters of text in a JSON-like value (strings counted, structure ignored)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, Mapping):
+        return sum(_text_size(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(_text_size(v) for v in value)
+    return 0
