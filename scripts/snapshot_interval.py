@@ -21,7 +21,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from mlxcore.builtin.radix_cache import RadixPrefixCache
+from mlxcore.defaults.radix_cache import RadixPrefixCache
 from mlxcore.engine.memory import cache_cost
 from mlxcore.models.loader import load_model
 from mlxcore.testing.models import build_test_model

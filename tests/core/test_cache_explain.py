@@ -10,7 +10,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from mlxcore.builtin.prefix_cache import LRUPrefixCache
+from mlxcore.defaults.prefix_cache import LRUPrefixCache
 from mlxcore.engine.cache_explain import explain_lookup
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.models.loader import load_model

@@ -177,7 +177,8 @@ def write_plugin(folder: Path, name: str, body: str) -> str:
 
 HOOKED = """
     import mlx.core as mx
-    from mlxcore.builtin.strategies import LRUPrefixCache, PlainDecoder
+    from mlxcore.defaults.decoder import PlainDecoder
+    from mlxcore.defaults.prefix_cache import LRUPrefixCache
 
     FORCED = 42
 

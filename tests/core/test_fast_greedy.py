@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from mlxcore.builtin.decoder import NEAR_TIE, PlainDecoder, exact_greedy, near_ties
+from mlxcore.defaults.decoder import NEAR_TIE, PlainDecoder, exact_greedy, near_ties
 
 
 def settled(logits: mx.array) -> list[int]:

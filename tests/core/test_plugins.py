@@ -263,7 +263,7 @@ def test_strategy_selection_prefers_plugin_and_honours_names(plugin_dir: Path) -
         plugin_dir,
         "strategy_plugin",
         """
-        from mlxcore.builtin.strategies import ChunkedPrefill
+        from mlxcore.defaults.chunked_prefill import ChunkedPrefill
 
         class BigChunks(ChunkedPrefill):
             name = "big-chunks"

@@ -15,8 +15,8 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from mlxcore.builtin.radix_cache import RadixPrefixCache, prefix_cache_for
-from mlxcore.builtin.strategies import LRUPrefixCache
+from mlxcore.defaults.prefix_cache import LRUPrefixCache
+from mlxcore.defaults.radix_cache import RadixPrefixCache, prefix_cache_for
 from mlxcore.engine.memory import cache_cost
 from mlxcore.engine.prefill_plan import common_prefix
 from mlxcore.engine.request import GenerationRequest

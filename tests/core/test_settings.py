@@ -9,11 +9,11 @@ from typing import Any
 import attrs
 import pytest
 
-from mlxcore.builtin.speculative import SpeculativeSettings
 from mlxcore.cli.main import build_parser
 from mlxcore.cli.options import config_from_args
 from mlxcore.config import ServerConfig
 from mlxcore.settings import add_flags, flag_of, read_settings
+from mlxcore.speculative.settings import SpeculativeSettings
 from mlxcore_qwen35_mtp import MTPSettings
 from mlxcore_specprefill.options import PREFIX as SPECPREFILL_PREFIX
 from mlxcore_specprefill.options import Settings as SpecPrefillSettings

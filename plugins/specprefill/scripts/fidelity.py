@@ -40,7 +40,7 @@ import mlx.core as mx
 from fidelity_texts import chat_prompt, windows
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
-from mlxcore.builtin.strategies import ChunkedPrefill
+from mlxcore.defaults.chunked_prefill import ChunkedPrefill
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.strategies import PrefillTask, run_to_completion
 from mlxcore.models.default import ensure_default_model

@@ -24,7 +24,7 @@ if __name__ == "__main__":
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from mlxcore.builtin.strategies import ChunkedPrefill
+from mlxcore.defaults.chunked_prefill import ChunkedPrefill
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.strategies import PrefillTask, run_to_completion
 from mlxcore.models.loader import load_model

@@ -16,7 +16,7 @@ from mlx_lm import load
 from mlx_lm.models.cache import make_prompt_cache
 from sp_helpers import drive, masked_reference, prompt_ids
 
-from mlxcore.builtin.strategies import ChunkedPrefill
+from mlxcore.defaults.chunked_prefill import ChunkedPrefill
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.strategies import PrefillTask
 from mlxcore_specprefill.options import Settings

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from mlxcore import hookimpl
-from mlxcore.builtin.decoder import PlainDecoder
+from mlxcore.defaults.decoder import PlainDecoder
 
 
 class OffsetlessDecoder(PlainDecoder):

@@ -1,7 +1,7 @@
 """The flags of ``mlxcore bench`` and the :class:`BenchSettings` they become.
 
-The model and engine flags are the ones ``mlxcore serve`` takes
-(:func:`mlxcore.cli.options.add_model_options`); those that differ from their defaults are
+The model and engine flags are the ones ``mlxcore serve`` takes (made from the same
+:class:`~mlxcore.config.ServerConfig` fields); those that differ from their defaults are
 passed on unchanged to the server subprocess, so the server runs exactly what was asked.
 """
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import attrs
 
-from mlxcore.cli import options as cli_options
-from mlxcore.settings import positive_int
+from mlxcore.config import ENGINE, PARSERS, ServerConfig
+from mlxcore.settings import add_flags, positive_int
 
 
 @attrs.frozen
@@ -149,7 +149,7 @@ def add_bench_options(parser: argparse.ArgumentParser) -> None:
 def _changed_model_flags(args: argparse.Namespace) -> list[str]:
     """The model/engine flags of ``args`` that differ from their defaults, as argv."""
     scratch = argparse.ArgumentParser(add_help=False)
-    cli_options.add_model_options(scratch)
+    add_flags(scratch, ServerConfig, groups=(ENGINE, PARSERS))  # the model flags, as the CLI's
     return _changed_flags(scratch._actions, args)
 
 

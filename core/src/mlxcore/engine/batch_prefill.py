@@ -13,7 +13,7 @@ A prompt's checkpoints (see :attr:`PrefillTask.checkpoints`) split its body into
 segments; the batch processes segment ``k`` of every row together and snapshots the
 rows whose segment ended at a checkpoint, as mlx-lm's ``BatchGenerator`` does.
 
-:class:`mlxcore.builtin.strategies.ChunkedPrefill` uses these functions; a plugin's
+:class:`mlxcore.defaults.chunked_prefill.ChunkedPrefill` uses these functions; a plugin's
 dense prefill strategy may reuse them.
 """
 

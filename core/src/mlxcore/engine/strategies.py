@@ -5,7 +5,7 @@ Plugins return instances of these from the ``mlxcore_cache_strategy``,
 ones whenever the engine restarts after a fault).
 The engine then calls the objects directly in its loop (no hook call per token).
 The built-in defaults (LRU prefix cache, chunked prefill, plain batched decode)
-implement the same interfaces, in :mod:`mlxcore.builtin.strategies`.
+implement the same interfaces, in :mod:`mlxcore.defaults`.
 
 All three run on the engine's generation thread, the only thread that touches
 MLX. A per-layer cache is a list of mlx-lm cache objects (``KVCache``,

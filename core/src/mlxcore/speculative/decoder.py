@@ -42,7 +42,7 @@ import attrs
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache
 
-from mlxcore.builtin.decoder import PlainDecoder
+from mlxcore.defaults.decoder import PlainDecoder
 from mlxcore.engine.sampling import token_with_logprobs
 from mlxcore.engine.strategies import Decoder, DecodeSequence, SequenceCache, StepToken
 from mlxcore.speculative.accept import KeyStream, decide, normalize, rule_for

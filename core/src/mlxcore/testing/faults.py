@@ -26,9 +26,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from mlxcore import hookimpl
-from mlxcore.builtin.decoder import PlainDecoder
-from mlxcore.builtin.strategies import ChunkedPrefill
 from mlxcore.config import ServerConfig
+from mlxcore.defaults.chunked_prefill import ChunkedPrefill
+from mlxcore.defaults.decoder import PlainDecoder
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.strategies import (
     DecodeSequence,

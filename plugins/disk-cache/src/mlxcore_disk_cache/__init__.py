@@ -20,8 +20,8 @@ import attrs
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxcore import hookimpl
-from mlxcore.builtin.radix_cache import prefix_cache_for
 from mlxcore.config import ServerConfig
+from mlxcore.defaults.radix_cache import prefix_cache_for
 from mlxcore.engine.kv_quant import KVQuantization
 from mlxcore.engine.strategies import CacheStrategy
 from mlxcore.errors import UsageError

@@ -7,7 +7,7 @@ models, the snapshots taken during prefill) is also written to disk by a writer 
 so what memory evicts later is already on disk, and what a restart loses from memory is
 found there.
 
-Behind the built-in radix tree (:class:`~mlxcore.builtin.radix_cache.RadixPrefixCache`)
+Behind the built-in radix tree (:class:`~mlxcore.defaults.radix_cache.RadixPrefixCache`)
 an entry holds only the tokens past the deepest entry already on disk that it extends
 (its parent), so the disk, like memory, holds a shared prefix once. Behind the whole-entry
 LRU (models whose cache cannot be cut) entries are whole caches.
@@ -31,8 +31,8 @@ import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
-from mlxcore.builtin.prefix_cache import LookupCounter, LRUPrefixCache
-from mlxcore.builtin.radix_cache import RadixPrefixCache
+from mlxcore.defaults.prefix_cache import LookupCounter, LRUPrefixCache
+from mlxcore.defaults.radix_cache import RadixPrefixCache
 from mlxcore.engine.cache_explain import CacheExplanation, explain_lookup
 from mlxcore.engine.kv_quant import KVQuantization
 from mlxcore.engine.memory import compact_cache

@@ -17,7 +17,6 @@ from typing import Any
 import attrs
 
 from mlxcore import hookimpl
-from mlxcore.builtin.speculative import speculative_settings
 from mlxcore.config import ServerConfig
 from mlxcore.engine.strategies import Decoder
 from mlxcore.errors import UsageError
@@ -25,6 +24,7 @@ from mlxcore.hookspecs import OptionGroup
 from mlxcore.model_info import ModelInfo
 from mlxcore.resources import ModelResources
 from mlxcore.settings import add_flags, read_settings, setting
+from mlxcore.speculative.settings import speculative_settings
 
 MLXCORE_AUTOLOAD = False
 """Not loaded unless named with `--plugin draft`."""

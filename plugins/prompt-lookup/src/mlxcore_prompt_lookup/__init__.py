@@ -15,13 +15,13 @@ from typing import Any
 import attrs
 
 from mlxcore import hookimpl
-from mlxcore.builtin.speculative import speculative_settings
 from mlxcore.config import ServerConfig
 from mlxcore.engine.strategies import Decoder
 from mlxcore.errors import UsageError
 from mlxcore.hookspecs import OptionGroup
 from mlxcore.model_info import ModelInfo
 from mlxcore.settings import add_flags, positive_int, read_settings, setting
+from mlxcore.speculative.settings import speculative_settings
 
 MLXCORE_AUTOLOAD = False
 """Not loaded unless named with `--plugin prompt-lookup`."""

@@ -25,7 +25,7 @@ import attrs
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
-from mlxcore.builtin.strategies import ChunkedPrefill
+from mlxcore.defaults.chunked_prefill import ChunkedPrefill
 from mlxcore.engine.strategies import PrefillGenerator, PrefillResult, PrefillStrategy, PrefillTask
 from mlxcore_specprefill.options import Settings, request_settings
 from mlxcore_specprefill.scoring import score_tokens, select_chunks

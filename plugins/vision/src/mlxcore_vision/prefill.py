@@ -25,7 +25,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import trim_prompt_cache
 
-from mlxcore.builtin.strategies import ChunkedPrefill
+from mlxcore.defaults.chunked_prefill import ChunkedPrefill
 from mlxcore.engine.strategies import PrefillGenerator, PrefillResult, PrefillStrategy, PrefillTask
 from mlxcore_vision.media import VisionPayload
 

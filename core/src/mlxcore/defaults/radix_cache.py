@@ -16,7 +16,7 @@ and values. Both count against the budget; eviction is least recently used over 
 and inner snapshots (:mod:`mlxcore.engine.prefix_tree`).
 
 Models whose cache the tree cannot cut (sliding-window or nested layers) keep whole
-entries in :class:`~mlxcore.builtin.prefix_cache.LRUPrefixCache` instead
+entries in :class:`~mlxcore.defaults.prefix_cache.LRUPrefixCache` instead
 (:func:`prefix_cache_for`).
 """
 
@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
-from mlxcore.builtin.prefix_cache import (
+from mlxcore.defaults.prefix_cache import (
     EVICTED_MEMORY_TOKENS,
     UNBOUNDED_BYTES,
     LookupCounter,
