@@ -6,17 +6,20 @@ That keeps pluggy's own rules in force (``firstresult`` specs, ``tryfirst`` /
 ``add_hookcall_monitoring``). What pluggy does not keep is *who* answered: its
 result is a bare list, and an exception arrives without the plugin's name.
 
-So, when a plugin is registered, :func:`attribute_implementations` wraps each of
-its implementations once (that implementation only, no pluggy class is touched):
-the wrapper turns an unexpected exception into a :class:`PluginError` naming the
-plugin and the hook, and records ``(plugin, result)`` in the collector of the
-current :func:`call_hook`. Errors of mlxcore's own types (a ``UsageError``, an
-``OptionError``, a ``ModelLoadError``) already say what is wrong and pass through.
+So what mlxcore registers with pluggy for a plugin is :func:`attributed_plugin`: an
+object whose hook functions are the plugin's own, each wrapped once before pluggy sees
+it (nothing of pluggy's is written to, nothing of the plugin's changed), and whose other
+attributes are read from the plugin. The wrapper turns an unexpected exception into a
+:class:`PluginError` naming the plugin and the hook, and records ``(plugin, result)`` in
+the collector of the current :func:`call_hook`. Errors of mlxcore's own types (a
+``UsageError``, an ``OptionError``, a ``ModelLoadError``) already say what is wrong and
+pass through.
 """
 
 from __future__ import annotations
 
 import contextvars
+import functools
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -80,20 +83,48 @@ def _wrapper(function: Callable[..., Any], plugin: str, hook: str) -> Callable[.
     return attributed
 
 
-def attribute_implementations(pm: pluggy.PluginManager, plugin: object) -> None:
-    """Wrap each hook implementation of ``plugin`` (just registered) for attribution.
+class AttributedPlugin:
+    """A plugin as pluggy sees it: its hook implementations, wrapped for attribution, in
+    this object's own attributes; any other attribute is the plugin's."""
 
-    New-style wrappers (``wrapper=True``) get a generator that forwards pluggy's
-    ``send``/``throw``; old-style ``hookwrapper=True`` ones are left as written.
-    """
-    for caller in pm.get_hookcallers(plugin) or []:
-        for impl in caller.get_hookimpls():
-            if impl.plugin is not plugin or impl.hookwrapper:
-                continue
-            make = _wrapper if impl.wrapper else _plain
-            # HookImpl.function is declared Final for type checkers only; replacing it on
-            # this one instance is how its calls are attributed without copying pluggy.
-            impl.function = make(impl.function, impl.plugin_name, caller.name)  # type: ignore[misc]
+    def __init__(self, plugin: object, hooks: dict[str, Callable[..., Any]]) -> None:
+        object.__setattr__(self, "_mlxcore_plugin", plugin)
+        for name, function in hooks.items():
+            object.__setattr__(self, name, function)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(object.__getattribute__(self, "_mlxcore_plugin"), name)
+
+    def __dir__(self) -> list[str]:
+        return sorted(set(object.__dir__(self)) | set(dir(self._mlxcore_plugin)))
+
+    def __repr__(self) -> str:
+        return f"<attributed {self._mlxcore_plugin!r}>"
+
+
+def attributed_plugin(pm: pluggy.PluginManager, plugin: object, name: str) -> AttributedPlugin:
+    """What to register for ``plugin`` under ``name``: each of its hook implementations
+    (the functions ``pm.parse_hookimpl_opts`` accepts) wrapped for attribution, with the
+    same options, signature and name. New-style wrappers (``wrapper=True``) get a
+    generator that forwards pluggy's ``send``/``throw``; old-style ``hookwrapper=True``
+    ones are kept as written."""
+    hooks: dict[str, Callable[..., Any]] = {}
+    marker = f"{pm.project_name}_impl"
+    for attr in dir(plugin):
+        opts = pm.parse_hookimpl_opts(plugin, attr)
+        if opts is None:
+            continue
+        function = getattr(plugin, attr)
+        if opts.get("hookwrapper"):
+            wrapped = function
+        else:
+            make = _wrapper if opts.get("wrapper") else _plain
+            wrapped = functools.update_wrapper(
+                make(function, name, opts.get("specname") or attr), function
+            )
+        setattr(wrapped, marker, dict(opts))
+        hooks[attr] = wrapped
+    return AttributedPlugin(plugin, hooks)
 
 
 def call_hook(pm: pluggy.PluginManager, name: str, **kwargs: Any) -> HookAnswers:
@@ -115,5 +146,15 @@ def call_hook(pm: pluggy.PluginManager, name: str, **kwargs: Any) -> HookAnswers
         _answers.reset(token)
     firstresult = bool(caller.spec and caller.spec.opts.get("firstresult"))
     values = ([] if returned is None else [returned]) if firstresult else list(returned)
-    owners = {id(value): plugin for plugin, value in collected}
-    return HookAnswers([(owners.get(id(value), WRAPPER_NAME), value) for value in values])
+    return HookAnswers(_owned(values, collected))
+
+
+def _owned(values: list[Any], collected: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """Each value pluggy returned with the plugin whose implementation returned that very
+    object (each answer claimed once), or :data:`WRAPPER_NAME` for one a wrapper made."""
+    unclaimed = list(collected)
+    owned = []
+    for value in values:
+        found = next((i for i, (_, mine) in enumerate(unclaimed) if mine is value), None)
+        owned.append((WRAPPER_NAME, value) if found is None else unclaimed.pop(found))
+    return owned

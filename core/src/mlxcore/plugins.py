@@ -35,7 +35,7 @@ import pluggy
 
 from mlxcore import PROJECT_NAME, hookspecs
 from mlxcore.errors import PluginError, UsageError
-from mlxcore.hookcalls import attribute_implementations
+from mlxcore.hookcalls import attributed_plugin
 
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "mlxcore.builtin.strategies",
@@ -61,12 +61,16 @@ class MlxcorePluginManager(pluggy.PluginManager):
     """
 
     def register(self, plugin: Any, name: str | None = None) -> str | None:
-        """Register as pluggy does, then tie each implementation's answers and
-        failures to this plugin (:func:`mlxcore.hookcalls.attribute_implementations`)."""
-        registered = super().register(plugin, name)
-        if registered is not None:
-            attribute_implementations(self, plugin)
-        return registered
+        """Register as pluggy does, with each implementation's answers and failures tied
+        to this plugin (:func:`mlxcore.hookcalls.attributed_plugin`): pluggy is given
+        the plugin with its hook functions wrapped. Registering an already registered
+        plugin object again is refused, as pluggy does."""
+        if plugin is None:
+            return None
+        name = name or self.get_canonical_name(plugin)
+        if any(getattr(p, "_mlxcore_plugin", p) is plugin for p in self.get_plugins()):
+            raise ValueError(f"Plugin already registered under a different name: {name}")
+        return super().register(attributed_plugin(self, plugin, name), name)
 
     def parse_hookimpl_opts(self, plugin: Any, name: str) -> Any:
         opts = super().parse_hookimpl_opts(plugin, name)
