@@ -12,7 +12,7 @@ import pytest
 from mlxcore.cli.main import build_parser
 from mlxcore.cli.options import config_from_args
 from mlxcore.config import ServerConfig
-from mlxcore.settings import add_flags, flag_of, read_settings
+from mlxcore.settings import add_flags, flag_names, flag_of, read_settings
 from mlxcore.speculative.settings import SpeculativeSettings
 from mlxcore_qwen35_mtp import MTPSettings
 from mlxcore_specprefill.options import PREFIX as SPECPREFILL_PREFIX
@@ -32,6 +32,27 @@ def test_every_server_setting_has_a_flag() -> None:
         f.name for f in attrs.fields(ServerConfig) if f.name not in NOT_FLAGS and flag_of(f) is None
     ]
     assert missing == []
+
+
+def test_every_flag_is_its_fields_name_and_aliases_are_few(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A flag is ``--`` and its field's name; a second name is an alias listed here."""
+    for field in attrs.fields(ServerConfig):
+        names = flag_names(field)
+        if names:
+            assert names[0] == "--" + field.name.replace("_", "-"), field.name
+    aliases = {f.name: flag_names(f)[1:] for f in attrs.fields(ServerConfig) if flag_names(f)[1:]}
+    assert aliases == {"extra_models": ["--model"]}
+    config = serve_config(
+        "--default-max-tokens", "7", "--mlx-cache-limit", "1MB", "--responses-store-size", "0",
+        "--model", "a=x", "--extra-models", "b=y",
+    )  # fmt: skip
+    assert (config.default_max_tokens, config.mlx_cache_limit) == (7, 10**6)
+    assert config.responses_store_size == 0 and config.extra_models == ("a=x", "b=y")
+    with pytest.raises(SystemExit):
+        build_parser(None)[0].parse_args(["serve", "--help"])
+    assert "--extra-models [NAME=]SOURCE, --model [NAME=]SOURCE" in capsys.readouterr().out
 
 
 def test_serve_without_flags_is_the_declared_defaults() -> None:

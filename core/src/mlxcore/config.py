@@ -41,220 +41,215 @@ class ServerConfig:
     embedded default)."""
     log_level: str = setting(
         "info",
-        flag="--log-level",
         group=COMMON,
         type=log_level,
         help="log level for mlxcore and uvicorn: critical, error, warning, info, debug (any case)",
     )
     # -- engine ------------------------------------------------------------
     max_num_seqs: int = setting(
-        32, flag="--max-num-seqs", group=ENGINE, type=positive_int,
+        32, group=ENGINE, type=positive_int,
         help="most sequences decoded together",
     )  # fmt: skip
     max_queue_size: int = setting(
-        256, flag="--max-queue-size", group=ENGINE, type=positive_int,
+        256, group=ENGINE, type=positive_int,
         help="most requests waiting",
     )  # fmt: skip
     max_model_len: int | None = setting(
-        None, flag="--max-model-len", group=ENGINE, type=positive_int,
+        None, group=ENGINE, type=positive_int,
         help="context length limit",
     )  # fmt: skip
-    max_tokens_default: int = setting(
-        512, flag="--default-max-tokens", group=ENGINE, type=positive_int, metavar="N",
+    default_max_tokens: int = setting(
+        512, group=ENGINE, type=positive_int, metavar="N",
         help="tokens a chat request may generate when it sets no max_tokens "
         "(capped by the context)",
     )  # fmt: skip
     prefill_step_size: int = setting(
-        2048, flag="--prefill-step-size", group=ENGINE, type=positive_int,
+        2048, group=ENGINE, type=positive_int,
         help="prefill chunk size",
     )  # fmt: skip
     prefill_decode_chunk: int = setting(
-        256, flag="--prefill-decode-chunk", group=ENGINE, type=non_negative_int,
+        256, group=ENGINE, type=non_negative_int,
         help="prefill tokens per engine step while other sequences decode (long prompts are "
         "split so running streams keep their pace); 0: the full --prefill-step-size",
     )  # fmt: skip
     prefill_batch_size: int = setting(
-        8, flag="--prefill-batch-size", group=ENGINE, type=positive_int,
+        8, group=ENGINE, type=positive_int,
         help="most waiting prompts prefilled together in one forward pass (1: one at a time)",
     )  # fmt: skip
     prefix_cache_size: str = setting(
-        "32768", flag="--prefix-cache-size", group=ENGINE,
+        "32768", group=ENGINE,
         help="prefix cache budget: tokens (e.g. 32768) or a size (e.g. 512MB); 0 disables",
     )  # fmt: skip
     kv_cache_dtype: str = setting(
-        "auto", flag="--kv-cache-dtype", group=ENGINE, choices=("auto", "int8", "int4"),
+        "auto", group=ENGINE, choices=("auto", "int8", "int4"),
         help="attention KV cache storage (vLLM's name): auto keeps the model's dtype; int8 / "
         "int4 quantize keys and values (mlx-lm's kv_bits), ~2x / ~4x less memory per token",
     )  # fmt: skip
     kv_quant_start: int = setting(
-        0, flag="--kv-quant-start", group=ENGINE, type=non_negative_int, metavar="N",
+        0, group=ENGINE, type=non_negative_int, metavar="N",
         help="with --kv-cache-dtype int8/int4: a sequence's cache stays in full precision "
         "until its context reaches N tokens (mlx-lm's --quantized-kv-start)",
     )  # fmt: skip
     kv_group_size: int = setting(
-        64, flag="--kv-group-size", group=ENGINE, type=int, choices=(32, 64, 128),
+        64, group=ENGINE, type=int, choices=(32, 64, 128),
         help="with --kv-cache-dtype int8/int4: values per quantization scale",
     )  # fmt: skip
     gpu_memory_utilization: float = setting(
-        0.9, flag="--gpu-memory-utilization", group=ENGINE, type=float,
+        0.9, group=ENGINE, type=float,
         help="fraction of memory MLX may use (vLLM's name)",
     )  # fmt: skip
-    mlx_cache_limit_bytes: int = setting(
-        512 * 1024 * 1024, flag="--mlx-cache-limit", group=ENGINE, type=byte_size,
+    mlx_cache_limit: int = setting(
+        512 * 1024 * 1024, group=ENGINE, type=byte_size,
         metavar="SIZE",
         help="most memory MLX keeps in its buffer cache for reuse (e.g. 512MB, 0); the rest "
         "is given back (default 512MiB)",
     )  # fmt: skip
     max_queue_wait: float = setting(
-        120.0, flag="--max-queue-wait", group=ENGINE, type=seconds, metavar="SECONDS",
+        120.0, group=ENGINE, type=seconds, metavar="SECONDS",
         help="a request waiting longer than this to start is answered as overloaded "
         "(503 with Retry-After; 0: no limit)",
     )  # fmt: skip
     engine_watchdog: float = setting(
-        300.0, flag="--engine-watchdog", group=ENGINE, type=seconds, metavar="SECONDS",
+        300.0, group=ENGINE, type=seconds, metavar="SECONDS",
         help="an engine step making no progress this long is a fault: its requests fail, "
         "the engine restarts (0: off)",
     )  # fmt: skip
     engine_max_restarts: int = setting(
-        3, flag="--engine-max-restarts", group=ENGINE, type=int, metavar="N",
+        3, group=ENGINE, type=int, metavar="N",
         help="engine restarts allowed in ten minutes; past them the server exits non-zero",
     )  # fmt: skip
     cache_strategy: str | None = setting(
-        None, flag="--cache-strategy", group=ENGINE, metavar="NAME",
+        None, group=ENGINE, metavar="NAME",
         help="pick a cache strategy by name (built in: radix, the default; lru: whole entries)",
     )  # fmt: skip
     prefill_strategy: str | None = setting(
-        None, flag="--prefill-strategy", group=ENGINE, metavar="NAME",
+        None, group=ENGINE, metavar="NAME",
         help="pick a prefill strategy by name",
     )  # fmt: skip
-    decoder: str | None = setting(
-        None, flag="--decoder", group=ENGINE, metavar="NAME", help="pick a decoder by name"
-    )
+    decoder: str | None = setting(None, group=ENGINE, metavar="NAME", help="pick a decoder by name")
     # -- parsers -----------------------------------------------------------
     tool_call_parser: str = setting(
-        "auto", flag="--tool-call-parser", group=PARSERS, metavar="NAME",
+        "auto", group=PARSERS, metavar="NAME",
         help="tool-call parser name, or auto",
     )  # fmt: skip
     reasoning_parser: str = setting(
-        "auto", flag="--reasoning-parser", group=PARSERS, metavar="NAME",
+        "auto", group=PARSERS, metavar="NAME",
         help="reasoning parser name, or auto",
     )  # fmt: skip
     default_chat_template_kwargs: Mapping[str, Any] = setting(
-        attrs.Factory(dict), flag="--default-chat-template-kwargs", group=PARSERS,
+        attrs.Factory(dict), group=PARSERS,
         type=json_object, metavar="JSON",
         help='chat template variables for requests that do not set them, e.g. '
         '\'{"enable_thinking": false}\' (a request\'s own chat_template_kwargs win)',
     )  # fmt: skip
     enable_auto_tool_choice: bool = setting(
-        False, flag="--enable-auto-tool-choice", group=PARSERS, action="store_true",
+        False, group=PARSERS, action="store_true",
         help="accepted for vLLM's command lines; tool calls are always parsed when the model "
         "has a tool parser (--tool-call-parser), so it changes nothing",
     )  # fmt: skip
     refuse_unrenderable_tools: bool = setting(
-        False, flag="--refuse-unrenderable-tools", group=PARSERS, action="store_true",
+        False, group=PARSERS, action="store_true",
         help="answer 400 to a request with tools when the model's chat template cannot show "
         "tools to the model (default: serve it without them and log a warning)",
     )  # fmt: skip
     # -- http (serve) --------------------------------------------------------
     host: str = setting(
-        "127.0.0.1", flag="--host", group=HTTP,
+        "127.0.0.1", group=HTTP,
         help="address to listen on (default 127.0.0.1)",
     )  # fmt: skip
-    port: int = setting(
-        8000, flag="--port", group=HTTP, type=int, help="port to listen on (default 8000)"
-    )
+    port: int = setting(8000, group=HTTP, type=int, help="port to listen on (default 8000)")
     served_model_name: tuple[str, ...] = setting(
-        (), flag="--served-model-name", group=HTTP, nargs="+", metavar="NAME", converter=tuple,
+        (), group=HTTP, nargs="+", metavar="NAME", converter=tuple,
         help="model name(s) clients may use; the first is the one responses report "
         "(default: the model's name)",
     )  # fmt: skip
     accept_any_model_name: bool = setting(
-        False, flag="--accept-any-model-name", group=HTTP, action="store_true",
+        False, group=HTTP, action="store_true",
         help="serve requests whatever model name they give (agents ask for their vendor's "
         "names); responses report the name asked for",
     )  # fmt: skip
     extra_models: tuple[str, ...] = setting(
-        None, flag="--model", group=HTTP, action="append", metavar="[NAME=]SOURCE",
+        None, group=HTTP, action="append", metavar="[NAME=]SOURCE", aliases=("--model",),
         converter=lambda v: tuple(v or ()),
         help="serve one more model (repeatable): a folder, repo id or .gguf file, under NAME "
         "(default: its own name); loaded on first use (see docs/models.md)",
     )  # fmt: skip
     models_config: str | None = setting(
-        None, flag="--models-config", group=HTTP, metavar="FILE",
+        None, group=HTTP, metavar="FILE",
         help="a TOML file of models to serve: sources, aliases, plugins, pinning, idle "
         "timeouts, per-model flags (see docs/models.md)",
     )  # fmt: skip
     models_memory_budget: int | None = setting(
-        None, flag="--models-memory-budget", group=HTTP, type=byte_size, metavar="SIZE",
+        None, group=HTTP, type=byte_size, metavar="SIZE",
         help="memory all loaded models' weights may take together; past it the least "
         "recently used idle model is unloaded (default: --gpu-memory-utilization of RAM)",
     )  # fmt: skip
     idle_unload: float = setting(
-        0.0, flag="--idle-unload", group=HTTP, type=seconds, metavar="SECONDS",
+        0.0, group=HTTP, type=seconds, metavar="SECONDS",
         help="unload a model nobody used for this long (pinned ones stay; 0: never)",
     )  # fmt: skip
-    responses_store_bytes: int = setting(
-        64 * 1024 * 1024, flag="--responses-store-size", group=HTTP, type=byte_size,
+    responses_store_size: int = setting(
+        64 * 1024 * 1024, group=HTTP, type=byte_size,
         metavar="SIZE",
         help="memory for stored Responses API responses (previous_response_id, GET); least "
         "recently used go first (default 64MiB; 0: store nothing)",
     )  # fmt: skip
     responses_ttl: float = setting(
-        3600.0, flag="--responses-ttl", group=HTTP, type=seconds, metavar="SECONDS",
+        3600.0, group=HTTP, type=seconds, metavar="SECONDS",
         help="a stored response unused this long is forgotten (default 3600; 0: no limit)",
     )  # fmt: skip
     api_key: tuple[str, ...] = setting(
-        None, flag="--api-key", group=HTTP, action="append", metavar="KEY",
+        None, group=HTTP, action="append", metavar="KEY",
         converter=lambda v: (v,) if isinstance(v, str) else tuple(v or ()),
         help="require this Bearer key on every route but /health and / (repeatable: any "
         "of them)",
     )  # fmt: skip
     api_keys_file: str | None = setting(
-        None, flag="--api-keys-file", group=HTTP, metavar="FILE",
+        None, group=HTTP, metavar="FILE",
         help="API keys with per-key limits (requests and tokens per minute) and priorities, "
         "as TOML [keys.NAME] tables; see docs/reliability.md",
     )  # fmt: skip
     allowed_origins: tuple[str, ...] = setting(
-        (), flag="--allowed-origins", group=HTTP, nargs="+", metavar="ORIGIN", converter=tuple,
+        (), group=HTTP, nargs="+", metavar="ORIGIN", converter=tuple,
         help="enable CORS for these origins (off by default)",
     )  # fmt: skip
     max_request_body_bytes: int = setting(
-        8 * 1024 * 1024, flag="--max-request-body-bytes", group=HTTP, type=positive_int,
+        8 * 1024 * 1024, group=HTTP, type=positive_int,
         help="largest accepted request body",
     )  # fmt: skip
     shutdown_timeout: float = setting(
-        20.0, flag="--shutdown-timeout", group=HTTP, type=seconds, metavar="SECONDS",
+        20.0, group=HTTP, type=seconds, metavar="SECONDS",
         help="on SIGTERM, how long running requests may take to finish",
     )  # fmt: skip
     header_timeout: float = setting(
-        30.0, flag="--header-timeout", group=HTTP, type=seconds, metavar="SECONDS",
+        30.0, group=HTTP, type=seconds, metavar="SECONDS",
         help="close a connection whose request head or body takes longer than this to arrive",
     )  # fmt: skip
     prepare_workers: int = setting(
-        2, flag="--prepare-workers", group=HTTP, type=positive_int, metavar="N",
+        2, group=HTTP, type=positive_int, metavar="N",
         help="threads that template, tokenize and fetch media for new requests",
     )  # fmt: skip
     # -- distributed (docs/distributed.md) ---------------------------------------
     distributed: bool = setting(
-        False, flag="--distributed", group=HTTP, action="store_true",
+        False, group=HTTP, action="store_true",
         help="serve one model split over the ranks of an mlx.distributed group (run on "
         "every rank, e.g. by `mlxcore launch`); rank 0 answers HTTP",
     )  # fmt: skip
     tensor_parallel: bool = setting(
-        False, flag="--tensor-parallel", group=HTTP, action="store_true",
+        False, group=HTTP, action="store_true",
         help="with --distributed: split every layer's heads over the ranks (the default)",
     )  # fmt: skip
     pipeline_parallel: bool = setting(
-        False, flag="--pipeline-parallel", group=HTTP, action="store_true",
+        False, group=HTTP, action="store_true",
         help="with --distributed: give each rank a contiguous run of layers",
     )  # fmt: skip
     distributed_backend: str = setting(
-        "ring", flag="--distributed-backend", group=HTTP,
+        "ring", group=HTTP,
         choices=("ring", "jaccl", "mpi", "nccl"),
         help="mlx.distributed backend with --distributed (default ring: TCP)",
     )  # fmt: skip
     distributed_timeout: float = setting(
-        20.0, flag="--distributed-timeout", group=HTTP, type=seconds, metavar="SECONDS",
+        20.0, group=HTTP, type=seconds, metavar="SECONDS",
         help="with --distributed: an engine step (or an idle pause) taking longer than this "
         "means a rank was lost: the requests fail, /health turns 503, the ranks exit 70",
     )  # fmt: skip

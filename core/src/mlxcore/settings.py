@@ -8,7 +8,7 @@ field, and a plugin reads its values back as a typed object
 
     @attrs.frozen
     class HelloSettings:
-        greeting: str = setting("hello", flag="--hello-greeting", help="what to say")
+        hello_greeting: str = setting("hello", help="what to say")  # --hello-greeting
 
     @hookimpl
     def mlxcore_addoption(parser):
@@ -36,9 +36,9 @@ FLAG = "mlxcore_flag"
 
 @attrs.frozen
 class Flag:
-    """How a setting appears on the command line."""
+    """How a setting appears on the command line (its name comes from the field's:
+    :func:`flag_names`)."""
 
-    name: str
     help: str
     group: str = ""
     type: Callable[[str], Any] | None = None
@@ -46,12 +46,12 @@ class Flag:
     nargs: str | None = None
     action: str | builtins.type[argparse.Action] | None = None
     choices: tuple[Any, ...] | None = None
+    aliases: tuple[str, ...] = ()
 
 
 def setting(
     default: Any,
     *,
-    flag: str,
     help: str,
     group: str = "",
     type: Callable[[str], Any] | None = None,
@@ -60,9 +60,12 @@ def setting(
     action: str | builtins.type[argparse.Action] | None = None,
     choices: tuple[Any, ...] | None = None,
     converter: Callable[[Any], Any] | None = None,
+    aliases: tuple[str, ...] = (),
 ) -> Any:
-    """An attrs field with its command-line flag (``default`` is the one default)."""
-    meta = Flag(flag, help, group, type, metavar, nargs, action, choices)
+    """An attrs field with its command-line flag (``default`` is the one default). The
+    flag is the field's name (see :func:`flag_names`); ``aliases`` are further names for
+    it, each documented in its ``help`` (a peer's name for the same setting)."""
+    meta = Flag(help, group, type, metavar, nargs, action, choices, aliases)
     return attrs.field(default=default, converter=converter, metadata={FLAG: meta})
 
 
@@ -70,6 +73,16 @@ def flag_of(field: attrs.Attribute[Any]) -> Flag | None:
     """The :class:`Flag` of a settings field, or ``None`` for a field without one."""
     flag = field.metadata.get(FLAG)
     return flag if isinstance(flag, Flag) else None
+
+
+def flag_names(field: attrs.Attribute[Any], prefix: str = "") -> list[str]:
+    """A setting's flags: ``--`` and its ``dest`` (``prefix`` + field name) with dashes
+    (``--no-...`` for a ``store_false`` switch), then its aliases."""
+    flag = flag_of(field)
+    if flag is None:
+        return []
+    stem = (prefix + field.name).replace("_", "-")
+    return ["--no-" + stem if flag.action == "store_false" else "--" + stem, *flag.aliases]
 
 
 def add_flags(
@@ -105,7 +118,7 @@ def add_flags(
                 kwargs[key] = value
         if flag.action in ("store_true", "store_false"):
             kwargs.pop("metavar", None)
-        target.add_argument(flag.name, **kwargs)
+        target.add_argument(*flag_names(field, prefix), **kwargs)
         added.append(prefix + field.name)
     return added
 

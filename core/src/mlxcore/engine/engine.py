@@ -101,7 +101,7 @@ class Engine(Admission):
         self.memory = MemoryBudget.for_model(
             model,
             config.gpu_memory_utilization,
-            config.mlx_cache_limit_bytes,
+            config.mlx_cache_limit,
             memory_elsewhere,
             self.kv_quant,
         )

@@ -24,12 +24,12 @@ class SpeculativeSettings:
     """Shared by the speculative decoders; ``None``: the decoder's own default."""
 
     num_speculative_tokens: int | None = setting(
-        None, flag="--num-speculative-tokens", type=positive_int, metavar="N",
+        None, type=positive_int, metavar="N",
         help="drafts per step of a speculative decoder plugin (default: the plugin's own: "
         "qwen35-mtp 1, prompt-lookup 4, draft 3)",
     )  # fmt: skip
     speculative_disable_by_batch_size: int | None = setting(
-        None, flag="--speculative-disable-by-batch-size", type=positive_int, metavar="N",
+        None, type=positive_int, metavar="N",
         help="a speculative decoder decodes plainly while more sequences than this run "
         "(default: the plugin's own: qwen35-mtp 4, prompt-lookup 2, draft 8)",
     )  # fmt: skip

@@ -44,13 +44,11 @@ class ScriptSettings:
 
     test_script: str | None = setting(
         None,
-        flag="--test-script",
         metavar="TEXT",
         help="force this output on every request without its own test_script (tests only)",
     )
     test_record: str | None = setting(
         None,
-        flag="--test-record",
         metavar="FILE",
         help="append each request's id and prompt token ids to FILE as JSON lines (tests only)",
     )

@@ -152,7 +152,6 @@ class HelloSettings:
 
     hello_greeting: str = setting(
         "hello",
-        flag="--hello-greeting",
         metavar="TEXT",
         help="what the hello plugin logs at start-up (default: hello)",
     )

@@ -48,21 +48,21 @@ class DiskCacheSettings:
     """The tier's settings; each default is stated here only."""
 
     disk_cache_dir: str | None = setting(
-        None, flag="--disk-cache-dir", metavar="DIR",
+        None, metavar="DIR",
         help="where entries are written (default $MLXCORE_HOME/prefix-cache); one "
         "subfolder per model fingerprint; servers may share it",
     )  # fmt: skip
     disk_cache_size: int = setting(
-        20 * 10**9, flag="--disk-cache-size", type=byte_size, metavar="SIZE",
+        20 * 10**9, type=byte_size, metavar="SIZE",
         help="most bytes kept on disk, least recently used deleted first (e.g. 20GB; "
         "default %(default)s)",
     )  # fmt: skip
     disk_cache_min_tokens: int = setting(
-        512, flag="--disk-cache-min-tokens", type=non_negative_int, metavar="N",
+        512, type=non_negative_int, metavar="N",
         help="shorter entries stay in memory only (default %(default)s)",
     )  # fmt: skip
     disk_cache_pending: int = setting(
-        2 * 2**30, flag="--disk-cache-pending", type=byte_size, metavar="SIZE",
+        2 * 2**30, type=byte_size, metavar="SIZE",
         help="most bytes waiting to be written; past it new entries are skipped "
         "(default %(default)s)",
     )  # fmt: skip

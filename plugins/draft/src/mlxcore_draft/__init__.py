@@ -44,12 +44,12 @@ class DraftSettings:
     """The draft plugin's own settings; each default is stated here only."""
 
     draft_model: str | None = setting(
-        None, flag="--draft-model", metavar="PATH_OR_REPO",
+        None, metavar="PATH_OR_REPO",
         help="the draft model: a small model with the target's tokenizer (local folder or "
         "Hugging Face repo id)",
     )  # fmt: skip
     draft_auto_off: bool = setting(
-        True, flag="--no-draft-auto-off", action="store_false",
+        True, action="store_false",
         help="keep speculating even when it measures slower than plain decoding",
     )  # fmt: skip
 

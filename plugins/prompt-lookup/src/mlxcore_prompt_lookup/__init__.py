@@ -40,15 +40,15 @@ class PromptLookupSettings:
     """The lookup's own settings; each default is stated here only."""
 
     lookup_ngram: int = setting(
-        3, flag="--lookup-ngram", type=positive_int, metavar="N",
+        3, type=positive_int, metavar="N",
         help="longest ending of the text so far searched for in it (default %(default)s)",
     )  # fmt: skip
     lookup_min_ngram: int = setting(
-        2, flag="--lookup-min-ngram", type=positive_int, metavar="N",
+        2, type=positive_int, metavar="N",
         help="shortest ending that may propose drafts (default %(default)s)",
     )  # fmt: skip
     lookup_auto_off: bool = setting(
-        True, flag="--no-lookup-auto-off", action="store_false",
+        True, action="store_false",
         help="keep speculating even when it measures slower than plain decoding",
     )  # fmt: skip
 

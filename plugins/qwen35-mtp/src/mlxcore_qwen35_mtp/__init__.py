@@ -40,7 +40,7 @@ class MTPSettings:
     (:mod:`mlxcore.builtin.speculative`)."""
 
     mtp_auto_off: bool = setting(
-        True, flag="--no-mtp-auto-off", action="store_false",
+        True, action="store_false",
         help="keep speculating even when it measures slower than plain decoding",
     )  # fmt: skip
 

@@ -16,7 +16,7 @@ import attrs
 
 from mlxcore.config import ServerConfig
 from mlxcore.errors import OptionError
-from mlxcore.settings import add_flags, flag_of, read_settings, setting
+from mlxcore.settings import add_flags, flag_names, flag_of, read_settings, setting
 
 FIELD = "specprefill"
 """The request-body field holding per-request overrides."""
@@ -43,25 +43,25 @@ class Settings:
     """
 
     draft_model: str | None = setting(
-        None, flag="--specprefill-draft-model", metavar="PATH",
+        None, metavar="PATH",
         help="draft model sharing the target's tokenizer, used to score prompt tokens "
         "(required unless --no-specprefill-enabled)",
     )  # fmt: skip
     enabled: bool = setting(
-        True, flag="--specprefill-enabled", action=argparse.BooleanOptionalAction,
+        True, action=argparse.BooleanOptionalAction,
         help='apply SpecPrefill by default (requests can override with "specprefill": '
         '{"enabled": ...})',
     )  # fmt: skip
     threshold: int = setting(
-        8192, flag="--specprefill-threshold", type=int, metavar="TOKENS",
+        8192, type=int, metavar="TOKENS",
         help="uncached prompt tokens below which it never applies (default %(default)s)",
     )  # fmt: skip
     keep: float = setting(
-        0.2, flag="--specprefill-keep", type=float, metavar="FRACTION",
+        0.2, type=float, metavar="FRACTION",
         help="fraction of prompt tokens to prefill, in (0, 1] (default %(default)s)",
     )  # fmt: skip
     chunk: int = setting(
-        32, flag="--specprefill-chunk", type=int, metavar="TOKENS",
+        32, type=int, metavar="TOKENS",
         help="selection chunk size in tokens (default %(default)s)",
     )  # fmt: skip
     lookahead: int = 8
@@ -75,9 +75,9 @@ def add_options(parser: Any) -> None:
 
 
 FLAGS = {
-    field.name: flag.name
+    field.name: flag_names(field, PREFIX)[0]
     for field in attrs.fields(Settings)
-    if (flag := flag_of(field)) is not None and field.name != "draft_model"
+    if flag_of(field) is not None and field.name != "draft_model"
 }
 """The fields a request may override, with the flag that sets their server default."""
 

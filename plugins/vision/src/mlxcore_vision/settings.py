@@ -17,35 +17,35 @@ class VisionSettings:
     ``--vision-cache-size`` were set to."""
 
     mllm: bool = setting(
-        False, flag="--mllm", action="store_true",
+        False, action="store_true",
         help="vision: load the model with mlx-vlm even if its config does not look multimodal",
     )  # fmt: skip
     allowed_media_domains: tuple[str, ...] | None = setting(
-        None, flag="--allowed-media-domains", nargs="+", metavar="DOMAIN",
+        None, nargs="+", metavar="DOMAIN",
         help="vision: hosts (and subdomains) image URLs may be fetched from (default: none)",
     )  # fmt: skip
     allowed_local_media_path: str | None = setting(
-        None, flag="--allowed-local-media-path", metavar="DIR",
+        None, metavar="DIR",
         help="vision: a folder local image paths must be under (default: no local files)",
     )  # fmt: skip
     allow_private_media_urls: bool = setting(
-        False, flag="--allow-private-media-urls", action="store_true",
+        False, action="store_true",
         help="vision: allow image URLs that resolve to private or loopback addresses",
     )  # fmt: skip
     max_image_pixels: int = setting(
-        DEFAULT_MAX_IMAGE_PIXELS, flag="--max-image-pixels", type=int, metavar="N",
+        DEFAULT_MAX_IMAGE_PIXELS, type=int, metavar="N",
         help="vision: the most pixels (width x height) one image may have (default %(default)s)",
     )  # fmt: skip
     video_fps: float | None = setting(
-        None, flag="--video-fps", type=float, metavar="FPS",
+        None, type=float, metavar="FPS",
         help="vision: frames per second sampled from a video (default: mlx-vlm's, 2)",
     )  # fmt: skip
     video_max_frames: int | None = setting(
-        None, flag="--video-max-frames", type=int, metavar="N",
+        None, type=int, metavar="N",
         help="vision: the most frames sampled from one video (default: mlx-vlm's)",
     )  # fmt: skip
     vision_cache_size: int = setting(
-        32, flag="--vision-cache-size", type=int, metavar="N",
+        32, type=int, metavar="N",
         help="vision: how many image sets' vision encodings to keep for reuse (0: off)",
     )  # fmt: skip
 

@@ -63,7 +63,7 @@ def request_spec(
         sampling=sampling,
         new_id=lambda: new_id("chatcmpl"),
         max_tokens=body.max_completion_tokens if use_completion else body.max_tokens,
-        default_max_tokens=svc.config.max_tokens_default,
+        default_max_tokens=svc.config.default_max_tokens,
         max_tokens_field="max_completion_tokens" if use_completion else "max_tokens",
         stops=convert.stop_list(body.stop),
         stop_token_ids=body.stop_token_ids or (),

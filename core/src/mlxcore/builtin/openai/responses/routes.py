@@ -77,7 +77,7 @@ def store_of(request: Request[Any, Any, Any]) -> ResponseStore:
     state = request.app.state
     if "responses_store" not in state:
         config = request.app.state.config
-        state["responses_store"] = ResponseStore(config.responses_store_bytes, config.responses_ttl)
+        state["responses_store"] = ResponseStore(config.responses_store_size, config.responses_ttl)
         state["responses_running"] = {}
     return cast(ResponseStore, state["responses_store"])
 
@@ -191,7 +191,7 @@ def prepare(
         sampling=sampling,
         new_id=lambda: new_id("resp").replace("-", "_"),
         max_tokens=body.max_output_tokens,
-        default_max_tokens=svc.config.max_tokens_default,
+        default_max_tokens=svc.config.default_max_tokens,
         max_tokens_field="max_output_tokens",
         extras=extras,
         constraint=constraint,
