@@ -267,15 +267,16 @@ class Engine(Admission):
     def submit_job(self, kind: str, run: Callable[[], Any], cost: int) -> Future[Any]:
         """Queue model work (``run()`` on the engine thread, holding up to ``cost`` bytes);
         the future holds its result. Raises :class:`EngineOverloaded` when
-        ``--max-queue-size`` jobs wait, :class:`EngineUnavailable` as :meth:`submit` does."""
+        ``--max-queue-size`` jobs wait, :class:`EngineUnavailable` as :meth:`submit` does,
+        :class:`RequestRejected` on a distributed engine."""
         if self.state == "new":
             self.start()
         job = ModelJob(kind, run, cost)
         with self._wake:
             if self.state != "running" or time.monotonic() < self._available_at:
                 raise EngineUnavailable(self.reason or "the engine is restarting")
-            if self.step_sync is not None:
-                raise EngineUnavailable(f"a distributed engine runs no {kind} jobs")
+            if self.step_sync is not None:  # the other ranks would not run it in step
+                raise RequestRejected(f"a distributed engine runs no {kind} jobs", "model")
             if len(self.jobs.waiting) >= self.config.max_queue_size:
                 raise EngineOverloaded(f"server busy: {len(self.jobs.waiting)} jobs waiting")
             self.jobs.waiting.append(job)
