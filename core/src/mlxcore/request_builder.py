@@ -173,20 +173,16 @@ def encode(rt: Runtime, text: str, field: str = "prompt") -> list[int]:
     return ids
 
 
-def chat_prompt(
-    rt: Runtime,
-    messages: Sequence[Mapping[str, Any]],
-    tools: Sequence[Mapping[str, Any]] | None,
-    template_kwargs: Mapping[str, Any],
-) -> RenderedPrompt:
+def render_prompt(rt: Runtime, prompt: ChatPrompt) -> RenderedPrompt:
     """Render and tokenize a chat prompt; a template that refuses the messages is a
     request error on ``messages``."""
     try:
-        check_prompt_size(rt, _text_size(messages) + _text_size(tools))
+        check_prompt_size(rt, _text_size(prompt.messages) + _text_size(prompt.tools))
     except RecursionError:
         raise rejected("the messages are nested too deeply", "messages") from None
     try:
-        return render_chat(rt.tokenizer, messages, tools=tools, **dict(template_kwargs))
+        kwargs = dict(prompt.template_kwargs)
+        return render_chat(rt.tokenizer, prompt.messages, tools=prompt.tools, **kwargs)
     except RequestRejected:
         raise
     except Exception as exc:
@@ -210,7 +206,7 @@ def prepare_prompt(
         if not ids:
             raise rejected("prompt must not be empty", prompt.field)
         return Prompt(ids)
-    rendered = chat_prompt(rt, prompt.messages, prompt.tools, prompt.template_kwargs)
+    rendered = render_prompt(rt, prompt)
     if not prompt.media_parts:
         return Prompt(rendered.ids, rendered.text, rendered.checkpoints(), rendered.boundaries)
     media = rt.media
@@ -331,12 +327,18 @@ def validate(rt: Runtime, request: GenerationRequest) -> None:
             raise RequestRejected(str(exc), "response_format", structured.CONSTRAINT_CODE) from None
 
 
-def output_pipeline(
-    rt: Runtime, *, stops: Sequence[str] = (), stops_field: str = "stop", **kwargs: Any
-) -> OutputPipeline:
-    """A fresh output pipeline for one request (see :meth:`Runtime.pipeline`), its stop
-    strings checked with the same limits for every front end."""
-    return rt.pipeline(stops=check_stops(stops, stops_field), **kwargs)
+def output_pipeline(rt: Runtime, spec: RequestSpec, prompt_text: str) -> OutputPipeline:
+    """A fresh output pipeline for one choice of ``spec`` (see :meth:`Runtime.pipeline`):
+    its stop strings checked with the same limits for every front end, the model's
+    parsers unless the spec asks for raw text, a forced tool's own parser."""
+    factory = spec.constraint.tool_parser if spec.constraint else None
+    return rt.pipeline(
+        stops=check_stops(spec.stops, spec.stops_field),
+        tools=spec.prompt.tools if isinstance(spec.prompt, ChatPrompt) else None,
+        prompt_text=prompt_text,
+        parse=spec.parse,
+        tool_parser=factory() if factory else None,
+    )
 
 
 # -- the builder -------------------------------------------------------------------
@@ -364,8 +366,6 @@ def build_generations(rt: Runtime, spec: RequestSpec) -> list[Generation]:
     if spec.constraint is not None:
         options[structured.OPTION] = spec.constraint.value
         options.update(reasoning_gate(rt, spec.prompt, prompt.text))
-    tools = spec.prompt.tools if isinstance(spec.prompt, ChatPrompt) else None
-    factory = spec.constraint.tool_parser if spec.constraint else None
     gens = []
     for i in range(spec.n):
         sampling = spec.sampling
@@ -384,16 +384,7 @@ def build_generations(rt: Runtime, spec: RequestSpec) -> list[Generation]:
             cache_key=prompt.cache_key,
         )
         validate(rt, request)
-        pipeline = output_pipeline(
-            rt,
-            stops=spec.stops,
-            stops_field=spec.stops_field,
-            tools=tools,
-            prompt_text=prompt.text,
-            parse=spec.parse,
-            tool_parser=factory() if factory else None,
-        )
-        gens.append(Generation(request, pipeline))
+        gens.append(Generation(request, output_pipeline(rt, spec, prompt.text)))
     return gens
 
 
