@@ -67,7 +67,12 @@ def assert_lossless(rt: Runtime, requests: list[GenerationRequest], results: lis
 
 
 @pytest.mark.parametrize(
-    "arch", ["qwen3", pytest.param("llama", marks=pytest.mark.long), "qwen3_5"]
+    "arch",
+    [  # dense qwen3 draft on qwen3 is also checked against mlx-lm in test_loaded_once.py
+        pytest.param("qwen3", marks=pytest.mark.long),
+        pytest.param("llama", marks=pytest.mark.long),
+        "qwen3_5",
+    ],
 )
 def test_greedy_output_is_the_plain_decoders_alone_together_and_cached(
     arch: str, mlxcore_model_factory: Any, runtimes: Any

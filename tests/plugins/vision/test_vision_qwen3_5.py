@@ -40,9 +40,12 @@ TEXT_TOKENS = 32
 TEXTS = ["Tell me a story.", "List three colours.", "Say hello.", "Count to five."]
 
 
-@pytest.fixture(scope="module", params=["qwen3_5", "qwen3_5_moe"])
+@pytest.fixture(
+    scope="module", params=["qwen3_5", pytest.param("qwen3_5_moe", marks=pytest.mark.long)]
+)
 def tiny_qwen3_5_vl(request: pytest.FixtureRequest) -> Path:
-    """The dense and the MoE Qwen3.5 VLM (experts fused as in the checkpoints)."""
+    """The dense and the MoE Qwen3.5 VLM (experts fused as in the checkpoints; the MoE
+    variant in `make test-long`)."""
     return build_test_vlm(request.param, seed=0)
 
 
