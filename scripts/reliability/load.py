@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 from typing import Any
@@ -22,9 +23,12 @@ PROMPTS = [
 
 def request_for(i: int, rng: random.Random, max_tokens: int = 16) -> tuple[str, dict[str, Any]]:
     """A realistic mixed request: chat (streamed or not, greedy or sampled), a text
-    completion, an Anthropic message, or a Responses API response."""
+    completion, an Anthropic message, a Responses API response, or embeddings (which the
+    engine runs between the steps of the others)."""
     prompt = PROMPTS[i % len(PROMPTS)] + f" (#{i})"
-    kind = i % 6
+    kind = i % 7
+    if kind == 6:
+        return "/v1/embeddings", {"input": [prompt] * rng.randint(1, 8)}
     if kind == 5:
         body = {
             "input": prompt,
@@ -67,6 +71,10 @@ async def one(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> tup
         return "refused", retry_problem(r)
     if r.status_code != 200:
         return "failed", f"{path}: HTTP {r.status_code} {text[:200]}"
+    if path == "/v1/embeddings":
+        data = json.loads(text).get("data", [])
+        if len(data) != len(body["input"]) or not all(d.get("embedding") for d in data):
+            return "failed", f"{path}: {len(data)} vectors for {len(body['input'])} inputs"
     if body.get("stream"):
         problem = stream_problem(path, r, text)
         return ("failed", problem) if problem else ("ok", None)
@@ -107,8 +115,8 @@ async def disconnect_storm(base: str, n: int, seed: int = 1) -> dict[str, Any]:
     async def hang_up(i: int) -> None:
         nonlocal dropped
         path, body = request_for(i, rng, max_tokens=256)
-        if path == "/v1/completions":
-            path, body = request_for(i + 1, rng, max_tokens=256)
+        if path in ("/v1/completions", "/v1/embeddings"):  # streams of the other routes
+            path, body = request_for(i + 2, rng, max_tokens=256)
         body["stream"] = True
         try:
             async with client.stream("POST", path, json=body) as r:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from mlxcore.embeddings import embed_tokens, forward_bytes
-from mlxcore.engine.engine import EngineUnavailable
+from mlxcore.engine.engine import EngineOverloaded, EngineUnavailable
 from mlxcore.engine.events import Event, FinishEvent, TokenEvent
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.testing.runtime import make_runtime
@@ -104,6 +104,30 @@ def test_a_hung_job_is_caught_by_the_watchdog(tiny_llama: Path) -> None:
         assert rt.engine.faults["hang"] == 1
         time.sleep(2.1)  # the restart back-off
         assert len(rt.embed([[1, 2, 3]]).result(timeout=30)[0]) > 0
+    finally:
+        release.set()
+        rt.engine.shutdown(timeout=5)
+
+
+def test_jobs_past_the_queue_limit_are_refused_and_a_cancelled_one_never_runs(
+    tiny_llama: Path,
+) -> None:
+    rt = make_runtime(tiny_llama, max_queue_size=2, engine_watchdog=0)
+    release = threading.Event()
+    ran: list[str] = []
+    try:
+        busy = rt.engine.submit_job("embedding", lambda: release.wait(30), 1)
+        deadline = time.monotonic() + 10
+        while rt.engine.stats()["jobs_running"] != 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        dropped = rt.engine.submit_job("embedding", lambda: ran.append("dropped"), 1)
+        kept = rt.engine.submit_job("embedding", lambda: ran.append("kept"), 1)
+        with pytest.raises(EngineOverloaded, match="2 jobs waiting"):
+            rt.engine.submit_job("embedding", lambda: None, 1)
+        assert dropped.cancel()  # the client went away while it waited
+        release.set()
+        assert busy.result(timeout=10) is True and kept.result(timeout=10) is None
+        assert ran == ["kept"] and rt.engine.stats()["jobs_waiting"] == 0
     finally:
         release.set()
         rt.engine.shutdown(timeout=5)
