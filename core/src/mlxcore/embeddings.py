@@ -19,7 +19,7 @@ causal mask keeps it from changing the input's own hidden states.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from typing import Any
 
 import mlx.core as mx
@@ -108,15 +108,16 @@ def forward_bytes(
     return 4 * (largest + len(inputs) * width)
 
 
-def embed_tokens(
+def embedding_pieces(
     model: Any,
     inputs: Sequence[Sequence[int]],
     *,
     pooling: str = "last",
     dimensions: int | None = None,
     batch_tokens: int = BATCH_TOKENS,
-) -> list[list[float]]:
-    """Embeddings of ``inputs`` (token ids each, none empty), in their order."""
+) -> Generator[None, None, list[list[float]]]:
+    """:func:`embed_tokens` one forward pass at a time: yields after each batch, returns
+    the embeddings (what the engine runs as a job, a batch per iteration)."""
     body = body_of(model)
     out: list[list[float]] = [[] for _ in inputs]
     for indices in batches(inputs, batch_tokens):
@@ -128,4 +129,25 @@ def embed_tokens(
         rows: list[list[float]] = vectors.tolist()  # type: ignore[assignment]
         for i, row in zip(indices, rows, strict=True):
             out[i] = row
+        yield
     return out
+
+
+def embed_tokens(
+    model: Any,
+    inputs: Sequence[Sequence[int]],
+    *,
+    pooling: str = "last",
+    dimensions: int | None = None,
+    batch_tokens: int = BATCH_TOKENS,
+) -> list[list[float]]:
+    """Embeddings of ``inputs`` (token ids each, none empty), in their order."""
+    pieces = embedding_pieces(
+        model, inputs, pooling=pooling, dimensions=dimensions, batch_tokens=batch_tokens
+    )
+    while True:
+        try:
+            next(pieces)
+        except StopIteration as done:
+            result: list[list[float]] = done.value
+            return result

@@ -9,8 +9,7 @@ It sits below the server and the CLI (both import it; it imports neither).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
+from collections.abc import Callable, Generator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -19,6 +18,7 @@ import mlx.nn as nn
 
 from mlxcore.config import ServerConfig
 from mlxcore.engine.engine import Engine, EngineParts
+from mlxcore.engine.jobs import ModelJob
 from mlxcore.hooks import PluginHooks
 from mlxcore.model_info import ModelInfo
 from mlxcore.output import OutputPipeline
@@ -60,19 +60,20 @@ class Runtime:
         *,
         pooling: str = "last",
         dimensions: int | None = None,
-    ) -> Future[list[list[float]]]:
+    ) -> ModelJob:
         """Embeddings of ``inputs`` (token ids each, see :mod:`mlxcore.embeddings`),
-        computed by the engine as a job: admitted under its memory budget, between two
-        steps of the running batch, watched by its watchdog. Raises what
-        :meth:`Engine.submit_job` raises; the future holds the vectors, in order."""
-        from mlxcore.embeddings import embed_tokens, forward_bytes
+        computed by the engine as a job, one forward pass per engine iteration between
+        the steps of the running batch: admitted under its memory budget, watched by its
+        watchdog. Raises what :meth:`Engine.submit_job` raises; the job's future holds
+        the vectors, in order (``job.cancel()`` when nobody waits for them any more)."""
+        from mlxcore.embeddings import embedding_pieces, forward_bytes
 
         model, rows = self.model, [list(ids) for ids in inputs]
 
-        def run() -> list[list[float]]:
-            return embed_tokens(model, rows, pooling=pooling, dimensions=dimensions)
+        def work() -> Generator[None, None, list[list[float]]]:
+            return embedding_pieces(model, rows, pooling=pooling, dimensions=dimensions)
 
-        return self.engine.submit_job("embedding", run, forward_bytes(model, rows))
+        return self.engine.submit_job("embedding", work, forward_bytes(model, rows))
 
     def pipeline(
         self,

@@ -30,7 +30,6 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
 from typing import Any
 
 import mlx.core as mx
@@ -264,14 +263,15 @@ class Engine(Admission):
             self._wake.notify()
         return handle
 
-    def submit_job(self, kind: str, run: Callable[[], Any], cost: int) -> Future[Any]:
-        """Queue model work (``run()`` on the engine thread, holding up to ``cost`` bytes);
-        the future holds its result. Raises :class:`EngineOverloaded` when
+    def submit_job(self, kind: str, work: Callable[[], Any], cost: int) -> ModelJob:
+        """Queue model work (``work()`` on the engine thread, piece by piece, holding up
+        to ``cost`` bytes: :class:`~mlxcore.engine.jobs.ModelJob`); the job's future holds
+        its result. Raises :class:`EngineOverloaded` when
         ``--max-queue-size`` jobs wait, :class:`EngineUnavailable` as :meth:`submit` does,
         :class:`RequestRejected` on a distributed engine."""
         if self.state == "new":
             self.start()
-        job = ModelJob(kind, run, cost)
+        job = ModelJob(kind, work, cost)
         with self._wake:
             if self.state != "running" or time.monotonic() < self._available_at:
                 raise EngineUnavailable(self.reason or "the engine is restarting")
@@ -281,7 +281,7 @@ class Engine(Admission):
                 raise EngineOverloaded(f"server busy: {len(self.jobs.waiting)} jobs waiting")
             self.jobs.waiting.append(job)
             self._wake.notify()
-        return job.future
+        return job
 
     def stream(self, request: GenerationRequest) -> Iterator[Event]:
         """Submit ``request`` and yield its events in order (blocking; for the CLI)."""
@@ -359,7 +359,8 @@ class Engine(Admission):
                             break
                         self._expire_waiting()
                         admitted = [] if self._stopping else self._take_waiting(loop)
-                        job = None if self._stopping else self._take_job(loop)
+                        if self.jobs.running is None and not self._stopping:
+                            self._take_job(loop)
                         waiting = list(self._waiting)
                 if idle and sync is not None:
                     if not self._pause(epoch, sync, loop):
@@ -370,8 +371,7 @@ class Engine(Admission):
                     if sync is not None:
                         admitted = sync.lead(loop, admitted)
                     loop.iterate(admitted)
-                    if job is not None:
-                        self.jobs.run(job)
+                    self.jobs.step()
                     loop.prefetch(waiting)
                 except Exception as exc:
                     self._busy_since = None
@@ -386,6 +386,7 @@ class Engine(Admission):
             with self._wake:
                 if epoch == self._epoch:
                     self._loop.fail_all("the server is shutting down", UNAVAILABLE)
+                    self.jobs.fail_running(EngineUnavailable("the server is shutting down"))
             self._close_sync()
 
     def _close_sync(self) -> None:
@@ -399,7 +400,7 @@ class Engine(Admission):
     def _idle(self, loop: BatchLoop) -> bool:
         if self._stopping:
             return False
-        return not self._waiting and not loop.live and not self.jobs.waiting
+        return not (self._waiting or loop.live or self.jobs.waiting or self.jobs.running)
 
     def _wait_idle(self, loop: BatchLoop, timeout: float = IDLE_RELEASE_SECONDS / 2) -> None:
         """Nothing to do: sleep until woken (at most ``timeout``); once idle for
@@ -429,14 +430,15 @@ class Engine(Admission):
         return True
 
     def _drained(self, loop: BatchLoop) -> bool:
-        """While stopping: True when no request runs, or the drain deadline passed (the
-        running ones are then ended)."""
-        if not loop.live:
+        """While stopping: True when no request or job runs, or the drain deadline passed
+        (the running ones are then ended)."""
+        if not loop.live and self.jobs.running is None:
             return True
         if time.monotonic() < self._drain_deadline:
             return False
         for live in list(loop.live.values()):
             loop.finish(live, "error", "the server is shutting down", UNAVAILABLE)
+        self.jobs.fail_running(EngineUnavailable("the server is shutting down"))
         return True
 
     def _recover(self, epoch: int, exc: BaseException) -> bool:
@@ -449,6 +451,7 @@ class Engine(Admission):
             reason = f"engine fault ({type(exc).__name__}){self._restart_note(exc)}"
             self._loop.fail_all(reason, UNAVAILABLE)
             self._end_waiting(UNAVAILABLE, reason)
+            self.jobs.fail_running(EngineUnavailable(reason))
             if not self._may_restart(reason):
                 return False
         release_memory()

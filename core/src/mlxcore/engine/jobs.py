@@ -2,12 +2,16 @@
 jobs to come), run by the engine on its own thread between two steps of the batch.
 
 A front end never calls the model itself: it hands the engine a :class:`ModelJob` (what
-to run, and the bytes it may hold while it runs) and awaits its future. The engine takes
-one job per iteration when its bytes fit the memory budget beside the admitted requests'
-caches, counts them as reserved while it runs (``/metrics``, ``/health``, and the other
-models' admission see them), and its watchdog covers the job like any step: a job that
-hangs fails, the engine restarts, the waiting jobs run after the restart. A job that
-raises fails alone (its future holds the exception); the batch goes on.
+to run, and the bytes it may hold while it runs) and awaits its future. A job's work is
+a generator that yields after each piece (one forward pass of an embedding batch) and
+returns the result, or a plain function (one piece). The engine runs one job at a time,
+one piece per iteration, between two steps of the batch, so a large job never holds up
+the running streams for long and the watchdog times each piece like any step: a piece
+that hangs fails its job, the engine restarts, the waiting jobs run after the restart.
+A job starts when its bytes fit the memory budget beside the admitted requests' caches
+and counts as reserved while it runs (``/metrics``, ``/health``, and the other models'
+admission see it). A job that raises fails alone (its future holds the exception); a
+cancelled one stops at its next piece.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import collections
 import concurrent.futures
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any
 
 import attrs
@@ -33,16 +37,29 @@ class ModelJob:
 
     Attributes:
         kind: what it is (``embedding``), for the counters.
-        run: the work; it runs inside the engine's MLX stream.
+        work: called once on the engine thread, inside its MLX stream: a generator (one
+            piece per ``next``, the result as its return value) or the result itself.
         cost: the bytes it may hold while it runs (activations, results).
-        future: where its result or exception goes; cancel it to drop a waiting job.
+        future: where its result or exception goes.
     """
 
     kind: str
-    run: Callable[[], Any]
+    work: Callable[[], Any]
     cost: int
     future: concurrent.futures.Future[Any] = attrs.field(factory=concurrent.futures.Future)
     queued_at: float = attrs.field(factory=time.monotonic)
+    cancelled: bool = False
+    pieces: Generator[Any, None, Any] | None = None
+
+    def cancel(self) -> None:
+        """Nobody waits for the result any more: drop the job if it waits, stop it at its
+        next piece if it runs."""
+        self.cancelled = True
+        self.future.cancel()
+
+
+class JobCancelled(Exception):
+    """A running job stopped because its caller went away."""
 
 
 class JobQueue:
@@ -63,9 +80,9 @@ class JobQueue:
     def take(
         self, fits: Callable[[int], bool], max_wait: float, late: Callable[[], Exception]
     ) -> ModelJob | None:
-        """The next job to run now, if its bytes ``fits``; cancelled jobs leave the queue,
-        and jobs that waited more than ``max_wait`` seconds (0: no limit) fail with
-        ``late()``."""
+        """Start the next job (it becomes :attr:`running`) if its bytes ``fits``;
+        cancelled jobs leave the queue, and jobs that waited more than ``max_wait``
+        seconds (0: no limit) fail with ``late()``."""
         oldest = time.monotonic() - max_wait
         while self.waiting:
             head = self.waiting[0]
@@ -84,20 +101,33 @@ class JobQueue:
                 return head
         return None
 
-    def run(self, job: ModelJob) -> None:
-        """Run ``job`` (engine thread); its exception is its own failure."""
+    def step(self) -> None:
+        """Run the next piece of the running job (engine thread); a job that ends hands
+        its result or its own exception to its future."""
+        job = self.running
+        if job is None:
+            return
         try:
-            result = job.run()
-        except Exception as exc:
-            log.warning("%s job failed: %s: %s", job.kind, type(exc).__name__, exc)
-            self._fail(job, exc)
-        else:
+            if job.cancelled:
+                raise JobCancelled(f"the {job.kind} job was cancelled")
+            if job.pieces is None:
+                first = job.work()
+                if not isinstance(first, Generator):
+                    raise StopIteration(first)
+                job.pieces = first
+            next(job.pieces)
+        except StopIteration as done:
+            self.running = None
             if not job.future.done():  # abandoned by the watchdog meanwhile: nobody waits
-                job.future.set_result(result)
+                job.future.set_result(done.value)
                 self.completed[job.kind] += 1
-        finally:
-            if self.running is job:
-                self.running = None
+        except Exception as exc:
+            self.running = None
+            if not isinstance(exc, JobCancelled):
+                log.warning("%s job failed: %s: %s", job.kind, type(exc).__name__, exc)
+            self._fail(job, exc)
+            if job.pieces is not None:
+                job.pieces.close()
 
     def fail_waiting(self, error: Exception) -> None:
         """End every waiting job with ``error`` (a fault, shutdown)."""

@@ -129,11 +129,13 @@ async def create_embeddings(request: Request[Any, Any, Any]) -> dict[str, Any]:
         svc.metrics.rejected.labels(reason="overloaded").inc()
         raise overloaded(str(exc)) from None
     try:
-        vectors = await unless_disconnected(request, asyncio.wrap_future(job))
+        vectors = await unless_disconnected(request, asyncio.wrap_future(job.future))
     except EmbeddingError as exc:
         raise invalid(str(exc), "model") from None
     except (EngineOverloaded, EngineUnavailable) as exc:  # waited too long; a fault
         raise overloaded(str(exc)) from None
+    finally:
+        job.cancel()  # a no-op once it ended; stops it when the client went away
     tokens = sum(len(ids) for ids in inputs)
     return {
         "object": "list",
