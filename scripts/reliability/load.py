@@ -95,9 +95,13 @@ async def wave(base: str, n: int, seed: int = 0, max_tokens: int = 16) -> dict[s
     return {**counts, "seconds": round(time.monotonic() - started, 1), "problems": problems}
 
 
-WARM_UP_REQUESTS = 96
-"""Distinct requests before a baseline is taken: more than the prefix cache's 64
-entries, so the cache (and MLX's buffer cache) are at their steady size."""
+WARM_UP_REQUESTS = 168
+"""Distinct requests before a baseline is taken: 144 generations (six in seven of the mix;
+the seventh is embeddings), well past the prefix cache's 64 entries, so the cache, MLX's
+buffer cache and the heap are at their steady size. With embeddings in the mix and 96 or
+112 requests the baseline RSS came out 45-100 MB lower than with 96 generations, and the
+waves' RSS-after check tripped, though RSS after the 500 wave was the same as with a
+mix without embeddings (1,224 vs 1,225 MB; 2026-11-26)."""
 
 
 async def warm_up(base: str) -> None:
