@@ -7,9 +7,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 
 NAMED = ("qwen35-mtp", "gemma4", "minimax", "specprefill")
@@ -118,29 +116,6 @@ def test_bad_model_path_is_a_clear_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_generate_refuses_what_http_refuses_with_the_same_message(
-    tiny_llama: Path, mlxcore_server: Any
-) -> None:
-    """``mlxcore generate`` builds its request with the server's request builder: a prompt
-    beyond the context and a bad plugin option end with the 400's message (a good one is
-    taken: the test above)."""
-    server = mlxcore_server(tiny_llama, "--max-model-len", "64")
-    long = "word " * 300
-    cases = [
-        ({"messages": [{"role": "user", "content": long}]}, ["-p", long]),
-        (
-            {"messages": [{"role": "user", "content": "hi"}], "speculative": "yes"},
-            ["-p", "hi", "--request-options", '{"speculative": "yes"}'],
-        ),
-    ]
-    for body, argv in cases:
-        reply = httpx.post(f"{server.v1}/chat/completions", json=body, timeout=60)
-        assert reply.status_code == 400, reply.text
-        out = mlxcore("generate", str(tiny_llama), "--max-model-len", "64", *argv)
-        assert out.returncode == 2, out.stderr
-        assert f"mlxcore: error: {reply.json()['error']['message']}\n" in out.stderr
-
-
 def test_generate_with_the_embedded_default_answers_paris() -> None:
     out = mlxcore("generate", "-p", "What is the capital of France?", "--max-tokens", "40")
     assert out.returncode == 0, out.stderr

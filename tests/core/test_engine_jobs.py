@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mlxcore.embeddings import embed_tokens, forward_bytes
+from mlxcore.embeddings import batches, embed_tokens, embedding_pieces, forward_bytes
 from mlxcore.engine.engine import EngineOverloaded, EngineUnavailable
 from mlxcore.engine.events import Event, FinishEvent, TokenEvent
 from mlxcore.engine.jobs import JobCancelled
@@ -167,8 +167,15 @@ def test_a_job_runs_a_piece_per_iteration_between_decode_steps_and_stops_when_ca
         assert finish_of(events).reason == "length"
         stats = rt.engine.stats()
         assert stats["jobs_running"] == 0 and stats["embedding_jobs_failed"] == 1
-        # an embedding of several forward passes is the same as one call of them all
-        long = [list(range(100, 3100)), list(range(5, 3005)), list(range(9, 3009))]
-        assert rt.embed(long).future.result(timeout=120) == embed_tokens(rt.model, long)
+        # an embedding of several forward passes (three batches of at most 8 tokens here)
+        # is the same as one call of them all
+        rows = [list(range(100, 106)), list(range(5, 10)), list(range(9, 13)), [7, 8]]
+        pieces = rt.engine.submit_job(
+            "embedding", lambda: embedding_pieces(rt.model, rows, batch_tokens=8), 1
+        )
+        assert len(batches(rows, 8)) == 3
+        got, whole = pieces.future.result(timeout=60), embed_tokens(rt.model, rows)
+        pairs = zip(got, whole, strict=True)
+        assert max(abs(a - b) for g, w in pairs for a, b in zip(g, w, strict=True)) < 1e-5
     finally:
         rt.engine.shutdown(timeout=5)

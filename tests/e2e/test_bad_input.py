@@ -12,6 +12,8 @@ import asyncio
 import json
 import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -239,6 +241,27 @@ def test_prompt_beyond_the_model_context_is_400(http: httpx.Client) -> None:
     # the largest budget that fits is accepted (checked, not run: n > 16 fails after it)
     r = http.post(CHAT, json=chat_body(max_tokens=CONTEXT - 100, n=17))
     assert_error(r, 400, "n")
+
+
+def test_mlxcore_generate_refuses_what_http_refuses_with_the_same_message(
+    http: httpx.Client, tiny_qwen3: Path
+) -> None:
+    """``mlxcore generate`` builds its request with the server's request builder: a prompt
+    beyond the context and a bad plugin option end with the 400's message (a good option
+    is taken: tests/core/test_cli.py)."""
+    long = "hi " * (CONTEXT + 2000)  # < 128 KiB: one command-line argument may hold it
+    cases = [
+        (chat_body(messages=[{"role": "user", "content": long}]), ["-p", long]),
+        (chat_body(speculative="yes"), ["-p", "hi", "--request-options", '{"speculative": "yes"}']),
+    ]
+    for body, argv in cases:
+        message = assert_error(http.post(CHAT, json=body), 400)["message"]
+        out = subprocess.run(
+            [sys.executable, "-m", "mlxcore", "generate", str(tiny_qwen3), *argv],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert out.returncode == 2, out.stderr
+        assert f"mlxcore: error: {message}\n" in out.stderr
 
 
 def test_a_huge_prompt_does_not_stall_other_requests(
