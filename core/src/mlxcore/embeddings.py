@@ -133,18 +133,10 @@ def embedding_pieces(
     return out
 
 
-def embed_tokens(
-    model: Any,
-    inputs: Sequence[Sequence[int]],
-    *,
-    pooling: str = "last",
-    dimensions: int | None = None,
-    batch_tokens: int = BATCH_TOKENS,
-) -> list[list[float]]:
-    """Embeddings of ``inputs`` (token ids each, none empty), in their order."""
-    pieces = embedding_pieces(
-        model, inputs, pooling=pooling, dimensions=dimensions, batch_tokens=batch_tokens
-    )
+def embed_tokens(model: Any, inputs: Sequence[Sequence[int]], **options: Any) -> list[list[float]]:
+    """Embeddings of ``inputs`` (token ids each, none empty), in their order, in one call
+    (``options``: those of :func:`embedding_pieces`)."""
+    pieces = embedding_pieces(model, inputs, **options)
     while True:
         try:
             next(pieces)
