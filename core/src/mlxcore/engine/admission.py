@@ -82,15 +82,20 @@ class Admission:
         )
 
     def _take_job(self, loop: BatchLoop) -> ModelJob | None:
-        """The job to run after this step, if its bytes fit beside the admitted requests."""
+        """Start the next job after this step, if its bytes fit beside the admitted
+        requests (nothing is computed while no job waits: this runs every iteration)."""
+        if not self.jobs.waiting:
+            return None
         reserved = self._reserved(loop)
+        limit = self.config.max_queue_wait
 
         def fits(need: int) -> bool:
             return not loop.live or self._fits(loop, reserved + need)
 
-        limit = self.config.max_queue_wait
-        late = EngineOverloaded(f"server busy: the job waited more than {limit:g} s")
-        return self.jobs.take(fits, limit, lambda: late)
+        def late() -> Exception:  # one error per job: a future's exception is its own
+            return EngineOverloaded(f"server busy: the job waited more than {limit:g} s")
+
+        return self.jobs.take(fits, limit, late)
 
     def _take_waiting(self, loop: BatchLoop) -> list[RequestHandle]:
         """Pop the requests that may start now: a free slot each, and their cache fits
