@@ -4,6 +4,7 @@ constrained decoding on a real (random-weight) model, through the official clien
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import anthropic
@@ -131,3 +132,76 @@ def test_anthropic_forced_tool_choice(qwen_server: Server) -> None:
     assert block.type == "tool_use" and block.name == "get_weather"
     assert set(block.input) == {"city"}
     assert msg.stop_reason == "tool_use"
+
+
+# -- user grammars: vLLM's structured_outputs / guided_*, response_format grammar ------------
+
+REGEX = r"(yes|no) [0-9]{1,3}"
+
+
+def _text(answer: Any, stream: bool, chat_api: bool) -> str:
+    if not stream:
+        return str(answer.choices[0].message.content if chat_api else answer.choices[0].text)
+    if chat_api:
+        return "".join(c.choices[0].delta.content or "" for c in answer if c.choices)
+    return "".join(c.choices[0].text for c in answer if c.choices)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    ("fields", "fits"),
+    [
+        ({"structured_outputs": {"regex": REGEX}}, lambda t: re.fullmatch(REGEX, t)),
+        ({"guided_choice": ["alpha", "beta"]}, lambda t: t in ("alpha", "beta")),
+        ({"guided_grammar": 'root ::= "x=" [0-9] ";"'}, lambda t: re.fullmatch(r"x=[0-9];", t)),
+        ({"structured_outputs": {"json": PERSON}}, lambda t: check_person(json.loads(t)) is None),
+        ({"response_format": {"type": "grammar", "grammar": 'start: "ok" | "no"'}},
+         lambda t: t in ("ok", "no")),
+    ],
+)  # fmt: skip
+def test_user_grammars_constrain_chat_and_completions(
+    client: openai.OpenAI, fields: dict[str, Any], fits: Any, stream: bool
+) -> None:
+    fields = dict(fields)
+    response_format = fields.pop("response_format", None)
+    extra: dict[str, Any] = {**NO_THINKING, **fields}
+    if response_format is not None:
+        extra["response_format"] = response_format
+    answer = client.chat.completions.create(
+        model="tiny-qwen3", messages=[{"role": "user", "content": "Answer."}], max_tokens=60,
+        temperature=1.0, seed=3, stream=stream, extra_body=extra,
+    )  # fmt: skip
+    text = _text(answer, stream, chat_api=True)
+    assert fits(text), text
+    extra.pop("chat_template_kwargs")
+    answer = client.completions.create(
+        model="tiny-qwen3", prompt="Answer:", max_tokens=60, stream=stream, extra_body=extra
+    )
+    text = _text(answer, stream, chat_api=False)
+    assert fits(text), text
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"guided_regex": "[a-"}, "guided_regex"),
+        ({"structured_outputs": {"grammar": "start: missing"}}, "structured_outputs.grammar"),
+        ({"guided_choice": []}, "guided_choice"),
+        ({"guided_json": {"type": 5}}, "guided_json"),
+        ({"guided_choice": ["a"], "response_format": {"type": "json_object"}}, "guided_choice"),
+        ({"response_format": {"type": "grammar", "grammar": "root ::= ("}},
+         "response_format.grammar"),
+    ],
+)  # fmt: skip
+def test_bad_user_grammars_are_400s_naming_the_field(
+    client: openai.OpenAI, fields: dict[str, Any], param: str
+) -> None:
+    for create in (
+        lambda: client.chat.completions.create(
+            model="tiny-qwen3", messages=[{"role": "user", "content": "x"}], extra_body=fields
+        ),
+        lambda: client.completions.create(model="tiny-qwen3", prompt="x", extra_body=fields),
+    ):
+        with pytest.raises(openai.BadRequestError) as err:
+            create()
+        assert err.value.body["param"] == param  # type: ignore[index]

@@ -93,6 +93,8 @@ class Constraint:
 
     value: Any
     tool_parser: Callable[[], ToolParser] | None = None
+    field: str = "response_format"
+    """The request field it came from (named by the error when it cannot be compiled)."""
 
 
 @attrs.frozen
@@ -314,17 +316,17 @@ def reasoning_gate(rt: Runtime, prompt: ChatPrompt | TextPrompt, text: str) -> d
     return {structured.START_AFTER_OPTION: close, structured.MAY_OPEN_OPTION: opener}
 
 
-def validate(rt: Runtime, request: GenerationRequest) -> None:
+def validate(rt: Runtime, request: GenerationRequest, field: str = "response_format") -> None:
     """Check ``request`` against the model and compile its output constraint here (a
-    schema llguidance cannot compile is a request error, not a failure on the engine
-    thread)."""
+    schema llguidance cannot compile is a request error naming ``field``, not a failure
+    on the engine thread)."""
     check_request(request, rt.engine.limits)
     constraint = request.options.get(structured.OPTION)
     if constraint is not None:
         try:
             structured.prepare(rt.tokenizer, constraint)
         except structured.ConstraintError as exc:
-            raise RequestRejected(str(exc), "response_format", structured.CONSTRAINT_CODE) from None
+            raise RequestRejected(str(exc), field, structured.CONSTRAINT_CODE) from None
 
 
 def output_pipeline(rt: Runtime, spec: RequestSpec, prompt_text: str) -> OutputPipeline:
@@ -383,7 +385,7 @@ def build_generations(rt: Runtime, spec: RequestSpec) -> list[Generation]:
             media=prompt.media,
             cache_key=prompt.cache_key,
         )
-        validate(rt, request)
+        validate(rt, request, spec.constraint.field if spec.constraint else "response_format")
         gens.append(Generation(request, output_pipeline(rt, spec, prompt.text)))
     return gens
 

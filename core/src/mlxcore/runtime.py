@@ -22,6 +22,7 @@ from mlxcore.engine.jobs import ModelJob
 from mlxcore.hooks import PluginHooks
 from mlxcore.model_info import ModelInfo
 from mlxcore.output import OutputPipeline
+from mlxcore.output.detokenize import continuation_detokenizer
 from mlxcore.parsers.base import ToolParser
 from mlxcore.parsers.selection import Parsers
 from mlxcore.resources import ModelResources
@@ -90,7 +91,7 @@ class Runtime:
         if tool_parser is None and parse:
             tool_parser = self.parsers.tool_parser(tools)
         return OutputPipeline(
-            self.tokenizer.detokenizer,
+            continuation_detokenizer(self.tokenizer),
             hidden_ids=self.hidden_ids,
             stops=stops,
             reasoning=self.parsers.reasoning_parser(prompt_text) if parse else None,

@@ -28,6 +28,7 @@ from mlxcore.structured import (
     MAY_OPEN_OPTION,
     OPTION,
     START_AFTER_OPTION,
+    Choice,
     JsonObject,
     JsonSchema,
     LarkGrammar,
@@ -35,7 +36,7 @@ from mlxcore.structured import (
     make_processor,
 )
 
-_KINDS = (JsonObject, JsonSchema, Regex, LarkGrammar)
+_KINDS = (JsonObject, JsonSchema, Regex, LarkGrammar, Choice)
 
 
 @hookimpl(trylast=True)

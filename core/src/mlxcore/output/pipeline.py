@@ -49,7 +49,8 @@ class OutputPipeline:
     """Turns one request's tokens into client deltas.
 
     Args:
-        detokenizer: a fresh mlx-lm streaming detokenizer (``tokenizer.detokenizer``).
+        detokenizer: a fresh streaming detokenizer
+            (:func:`mlxcore.output.detokenize.continuation_detokenizer`).
         hidden_ids: token ids never shown as text (EOS and other stop tokens).
         stops: stop strings.
         reasoning: the request's reasoning parser instance, if any.

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from mlxcore.structured.compiler import CompiledTokenizer, compiled_tokenizer, prepare
 from mlxcore.structured.constraints import (
+    Choice,
     Constraint,
     ConstraintError,
     JsonObject,
@@ -36,6 +37,7 @@ from mlxcore.structured.processor import (
     apply_bitmask,
     make_processor,
 )
+from mlxcore.structured.requested import structured_outputs_constraint
 from mlxcore.structured.tools import (
     ConstrainedToolCallParser,
     named_tool_schema,
@@ -64,6 +66,7 @@ __all__ = [
     "MAY_OPEN_OPTION",
     "OPTION",
     "START_AFTER_OPTION",
+    "Choice",
     "CompiledTokenizer",
     "ConstrainedProcessor",
     "ConstrainedToolCallParser",
@@ -82,6 +85,7 @@ __all__ = [
     "named_tool_schema",
     "prepare",
     "required_tools_schema",
+    "structured_outputs_constraint",
     "tool_choice_constraint",
     "validate",
 ]

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import attrs
 import llguidance
+from llguidance.gbnf_to_lark import any_to_lark
 
 from mlxcore.structured.finite import infinite_path
 
@@ -88,7 +89,8 @@ class Regex:
 
 @attrs.frozen
 class LarkGrammar:
-    """Text in the language of a Lark grammar (llguidance's Lark dialect, ``start`` rule)."""
+    """Text in the language of a grammar: llguidance's Lark dialect (``start`` rule), or
+    llama.cpp's GBNF / EBNF (``root ::= ...``), told apart by their syntax."""
 
     grammar: str
 
@@ -97,7 +99,18 @@ class LarkGrammar:
         return "grammar constraint"
 
 
-Constraint: TypeAlias = JsonObject | JsonSchema | Regex | LarkGrammar
+@attrs.frozen
+class Choice:
+    """Exactly one of the given strings (vLLM's ``choice``)."""
+
+    options: tuple[str, ...]
+
+    def describe(self) -> str:
+        """A short name for error messages."""
+        return "choice constraint"
+
+
+Constraint: TypeAlias = JsonObject | JsonSchema | Regex | LarkGrammar | Choice
 """Every kind of constraint a request can carry."""
 
 
@@ -116,7 +129,9 @@ def grammar_text(constraint: Constraint) -> str:
         return str(llguidance.LLMatcher.grammar_from_regex(constraint.pattern))
     if isinstance(constraint, LarkGrammar):
         _check_text("grammar", constraint.grammar)
-        return str(llguidance.LLMatcher.grammar_from_lark(constraint.grammar))
+        return _lark_grammar(constraint.grammar)
+    if isinstance(constraint, Choice):
+        return _choice_grammar(constraint.options)
     raise ConstraintError(f"unknown constraint type {type(constraint).__name__}")
 
 
@@ -139,8 +154,9 @@ def _validated(grammar: str, what: str) -> None:
 def from_response_format(fmt: Mapping[str, Any] | None) -> Constraint | None:
     """The constraint for an OpenAI ``response_format`` value (``None`` for plain text).
 
-    Accepts ``{"type": "text"}``, ``{"type": "json_object"}`` and
-    ``{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}``; a
+    Accepts ``{"type": "text"}``, ``{"type": "json_object"}``,
+    ``{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}`` and the
+    grammar types of :mod:`mlxcore.structured.requested`; a
     ``json_schema`` without ``schema`` means any JSON object. The schema is always
     enforced; ``"strict": true`` also refuses keywords that cannot be enforced (without
     it they are ignored, see :attr:`JsonSchema.lenient`). The result is validated.
@@ -169,15 +185,49 @@ def from_response_format(fmt: Mapping[str, Any] | None) -> Constraint | None:
             constraint = JsonSchema(schema, lenient=spec.get("strict") is not True)
         else:
             raise ConstraintError("response_format json_schema.schema must be an object")
+    elif kind in ("grammar", "regex"):
+        from mlxcore.structured.requested import grammar_response_format
+
+        return grammar_response_format(fmt)
     else:
         raise ConstraintError(
-            f"response_format type {kind!r} is not one of text, json_object, json_schema"
+            f"response_format type {kind!r} is not one of text, json_object, json_schema, "
+            "grammar, regex"
         )
     validate(constraint)
     return constraint
 
 
 # -- helpers -------------------------------------------------------------------
+
+
+MAX_CHOICES = 4096
+"""Most strings a choice constraint may list."""
+
+
+@functools.lru_cache(maxsize=256)
+def _lark_grammar(text: str) -> str:
+    """Lark as it is; a GBNF / EBNF grammar converted to Lark first."""
+    try:
+        lark = any_to_lark(text)
+    except Exception as exc:  # the converter raises bare exceptions on bad GBNF
+        raise ConstraintError(f"invalid grammar: {exc}") from None
+    try:
+        return str(llguidance.LLMatcher.grammar_from_lark(lark))
+    except ValueError as exc:
+        raise ConstraintError(f"invalid grammar: {exc}") from None
+
+
+def _choice_grammar(options: tuple[str, ...]) -> str:
+    if not options:
+        raise ConstraintError("a choice needs at least one string")
+    if len(options) > MAX_CHOICES:
+        raise ConstraintError(f"at most {MAX_CHOICES} choices, got {len(options)}")
+    if not all(isinstance(o, str) and o for o in options):
+        raise ConstraintError("every choice must be a non-empty string")
+    _check_text("choice list", "".join(options))
+    alternatives = " | ".join(json.dumps(o, ensure_ascii=False) for o in dict.fromkeys(options))
+    return str(llguidance.LLMatcher.grammar_from_lark(f"start: {alternatives}"))
 
 
 def _check_text(what: str, text: Any) -> None:

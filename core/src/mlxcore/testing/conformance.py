@@ -152,8 +152,9 @@ def split_fixed(text: str, size: int) -> list[str]:
 def split_tokens(text: str, tokenizer: Any) -> list[str]:
     """``text`` as the server sees it: tokenized, then streamed through the
     tokenizer's detokenizer one token at a time (an mlx-lm ``TokenizerWrapper``)."""
-    detok = tokenizer.detokenizer
-    detok.reset()
+    from mlxcore.output.detokenize import continuation_detokenizer
+
+    detok = continuation_detokenizer(tokenizer)
     pieces: list[str] = []
     for token in tokenizer.encode(text, add_special_tokens=False):
         detok.add_token(token)
@@ -176,9 +177,10 @@ def run_pipeline(
     returns the merged :class:`~mlxcore.output.pipeline.OutputDelta` (with the
     finish reason the pipeline gives for ``engine_reason``)."""
     from mlxcore.engine.strategies import StepToken
+    from mlxcore.output.detokenize import continuation_detokenizer
     from mlxcore.output.pipeline import OutputPipeline
 
-    pipe = OutputPipeline(tokenizer.detokenizer, reasoning=reasoning, tools=tools)
+    pipe = OutputPipeline(continuation_detokenizer(tokenizer), reasoning=reasoning, tools=tools)
     steps = [pipe.push([StepToken(t)]) for t in tokenizer.encode(text, add_special_tokens=False)]
     steps.append(pipe.finish(engine_reason))
     total = steps[-1]

@@ -10,11 +10,13 @@ from mlxcore.config import ServerConfig
 
 @hookimpl(trylast=True)
 def mlxcore_routes(config: ServerConfig) -> list[Any]:
-    """``/v1/chat/completions``, ``/v1/completions``, ``/v1/models`` and the Responses
-    API (``/v1/responses`` and its stored-response routes)."""
+    """``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``, the Responses
+    API (``/v1/responses`` and its stored-response routes), and vLLM's ``/tokenize``
+    and ``/detokenize``."""
     from mlxcore.builtin.openai.chat import chat_completions
     from mlxcore.builtin.openai.completions import completions
     from mlxcore.builtin.openai.embeddings import create_embeddings
     from mlxcore.builtin.openai.responses.routes import ROUTES
+    from mlxcore.builtin.openai.tokenize import detokenize, tokenize
 
-    return [chat_completions, completions, create_embeddings, *ROUTES]
+    return [chat_completions, completions, create_embeddings, *ROUTES, tokenize, detokenize]

@@ -9,7 +9,6 @@ from typing import Any
 from litestar import Request, Response, post
 
 from mlxcore import request_builder as builder
-from mlxcore import structured
 from mlxcore.builtin.openai import convert
 from mlxcore.builtin.openai.encode import (
     SSE_DONE,
@@ -24,8 +23,8 @@ from mlxcore.builtin.openai.encode import (
 from mlxcore.builtin.openai.replies import TEXT_COMPLETION, TEXT_EVENTS
 from mlxcore.builtin.openai.schemas import CompletionRequest, StreamOptions
 from mlxcore.output import OutputDelta
-from mlxcore.request_builder import Constraint, RequestSpec, TextPrompt
-from mlxcore.server.errors import constraint_error, invalid
+from mlxcore.request_builder import RequestSpec, TextPrompt
+from mlxcore.server.errors import invalid
 from mlxcore.server.frontend import (
     decode_request,
     model_service,
@@ -64,14 +63,10 @@ def request_spec(
         logprobs=body.logprobs is not None,
         top_logprobs=top,
     )
-    try:  # vLLM's extension: the text is JSON (by schema) too
-        value = structured.from_response_format(body.response_format)
-    except structured.ConstraintError as exc:
-        raise constraint_error(str(exc), exc.field or "response_format") from None
     return RequestSpec(
         prompt=prompt,
         sampling=sampling,
-        constraint=None if value is None else Constraint(value),
+        constraint=convert.output_constraint(body),  # vLLM's extension to completions
         new_id=lambda: new_id("cmpl"),
         max_tokens=body.max_tokens,
         default_max_tokens=16,  # OpenAI's default for this API

@@ -11,7 +11,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from mlxcore import structured
-from mlxcore.builtin.openai.schemas import ChatCompletionRequest, Message, SamplerFields
+from mlxcore.builtin.openai.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    Message,
+    SamplerFields,
+)
 from mlxcore.engine.request import SamplingParams
 from mlxcore.engine.validation import MAX_TOP_LOGPROBS
 from mlxcore.media import MediaHandler, MediaPart
@@ -252,24 +257,40 @@ def check_chat_fields(body: ChatCompletionRequest) -> None:
             )
 
 
+def output_constraint(body: ChatCompletionRequest | CompletionRequest) -> Constraint | None:
+    """What ``response_format``, or vLLM's ``structured_outputs`` / ``guided_*`` fields,
+    require of the output (one of them; both at once are refused)."""
+    try:
+        value = structured.from_response_format(body.response_format)
+        requested = structured.structured_outputs_constraint(
+            body.structured_outputs,
+            guided_json=body.guided_json,
+            guided_regex=body.guided_regex,
+            guided_choice=body.guided_choice,
+            guided_grammar=body.guided_grammar,
+        )
+    except structured.ConstraintError as exc:
+        raise constraint_error(str(exc), exc.field or "response_format") from None
+    if requested is None:
+        return None if value is None else Constraint(value)
+    if value is not None:
+        raise invalid(f"give response_format or {requested[1]}, not both", requested[1])
+    return Constraint(requested[0], field=requested[1])
+
+
 def constraint(body: ChatCompletionRequest) -> Constraint | None:
-    """What ``response_format`` / ``tool_choice`` require of the output, with, for a
-    forced tool choice, a factory of the parser that reads the constrained output back
+    """What ``tool_choice`` or :func:`output_constraint` require of the output, with, for
+    a forced tool choice, a factory of the parser that reads the constrained output back
     (a forced tool choice wins over ``response_format``, as in vLLM)."""
     try:
         forced = structured.tool_choice_constraint(
             body.tools, body.tool_choice, parallel=body.parallel_tool_calls is not False
         )
-        value = forced[0] if forced else structured.from_response_format(body.response_format)
     except structured.ConstraintError as exc:
-        field = exc.field or (
-            "tool_choice" if body.tool_choice not in (None, "auto", "none") else "response_format"
-        )
-        raise constraint_error(str(exc), field) from None
-    if value is None:
-        return None
+        raise constraint_error(str(exc), exc.field or "tool_choice") from None
     if forced is None:
-        return Constraint(value)
+        return output_constraint(body)
+    value = forced[0]
     tools, choice = list(body.tools or []), body.tool_choice
     if isinstance(choice, Mapping):
         name = choice["function"]["name"]
