@@ -142,6 +142,11 @@ class ServerConfig:
         help='chat template variables for requests that do not set them, e.g. '
         '\'{"enable_thinking": false}\' (a request\'s own chat_template_kwargs win)',
     )  # fmt: skip
+    thinking_token_budget: int | None = setting(
+        None, group=PARSERS, type=non_negative_int, metavar="N",
+        help="most reasoning tokens a request may write before the server closes its think "
+        "block, for requests that set no budget of their own (default: no limit)",
+    )  # fmt: skip
     enable_auto_tool_choice: bool = setting(
         False, group=PARSERS, action="store_true",
         help="accepted for vLLM's command lines; tool calls are always parsed when the model "

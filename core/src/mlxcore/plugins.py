@@ -42,6 +42,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "mlxcore.builtin.parsers",
     "mlxcore.builtin.openai",
     "mlxcore.builtin.structured",
+    "mlxcore.builtin.thinking",
     "mlxcore.builtin.speculative",
 )
 """Module paths of the built-in plugins, registered before any other."""

@@ -11,7 +11,7 @@ of them, against the model session (:class:`~mlxcore.runtime.Runtime`):
 3. the generation budget is checked against the context left after the prompt;
 4. a constraint (``response_format``, a forced tool choice) becomes engine options,
    starting after the reasoning when the model thinks first; its grammar is
-   compiled here, never on the engine thread;
+   compiled here, never on the engine thread; so does a thinking budget;
 5. one :class:`GenerationRequest` and output pipeline per choice (``n``).
 
 What cannot be served raises :class:`~mlxcore.engine.validation.RequestRejected` (the
@@ -28,7 +28,7 @@ from typing import Any
 
 import attrs
 
-from mlxcore import structured
+from mlxcore import structured, thinking
 from mlxcore.engine.events import RequestHandle, Usage
 from mlxcore.engine.request import GenerationRequest, SamplingParams
 from mlxcore.engine.validation import RequestRejected, check_request, check_stops
@@ -39,7 +39,12 @@ from mlxcore.parsers.base import ToolParser
 from mlxcore.prompts import RenderedPrompt, render_chat
 from mlxcore.runtime import Runtime
 
-RESERVED_OPTIONS = (structured.OPTION, structured.START_AFTER_OPTION, structured.MAY_OPEN_OPTION)
+RESERVED_OPTIONS = (
+    structured.OPTION,
+    structured.START_AFTER_OPTION,
+    structured.MAY_OPEN_OPTION,
+    thinking.OPTION,
+)
 """Engine options the builder sets itself (a body field of these names is dropped)."""
 
 MAX_CHARS_PER_TOKEN = 32
@@ -123,6 +128,9 @@ class RequestSpec:
     n: int = 1
     parse: bool = True
     """Run the model's reasoning and tool parsers (``False``: raw text)."""
+    thinking_budget: int | None = None
+    """Most tokens the model may think before the server closes its think block
+    (``None``: ``--thinking-token-budget``, by default no limit)."""
 
 
 @attrs.frozen
@@ -316,6 +324,29 @@ def reasoning_gate(rt: Runtime, prompt: ChatPrompt | TextPrompt, text: str) -> d
     return {structured.START_AFTER_OPTION: close, structured.MAY_OPEN_OPTION: opener}
 
 
+def thinking_options(
+    rt: Runtime,
+    prompt: ChatPrompt | TextPrompt,
+    text: str,
+    budget: int | None,
+    *,
+    constrained: bool = False,
+) -> dict[str, Any]:
+    """The engine option that holds the thinking ``budget`` (the server's when
+    ``None``): empty without a budget, for raw prompts, or for a model whose reasoning
+    parser has no tags to close. With an output constraint (``constrained``) only the
+    closing tag is forced: the constraint starts right after it."""
+    if budget is None:
+        budget = rt.config.thinking_token_budget
+    markers = rt.thinking_markers()
+    if budget is None or markers is None or not isinstance(prompt, ChatPrompt):
+        return {}
+    parser = rt.parsers.reasoning
+    opened = parser is not None and parser.prompt_opens_reasoning(text)
+    plan = thinking.ThinkingBudget(budget, markers, opened, tag_only=constrained)
+    return {thinking.OPTION: plan}
+
+
 def validate(rt: Runtime, request: GenerationRequest, field: str = "response_format") -> None:
     """Check ``request`` against the model and compile its output constraint here (a
     schema llguidance cannot compile is a request error naming ``field``, not a failure
@@ -368,6 +399,15 @@ def build_generations(rt: Runtime, spec: RequestSpec) -> list[Generation]:
     if spec.constraint is not None:
         options[structured.OPTION] = spec.constraint.value
         options.update(reasoning_gate(rt, spec.prompt, prompt.text))
+    options.update(
+        thinking_options(
+            rt,
+            spec.prompt,
+            prompt.text,
+            spec.thinking_budget,
+            constrained=spec.constraint is not None,
+        )
+    )
     gens = []
     for i in range(spec.n):
         sampling = spec.sampling

@@ -26,6 +26,7 @@ from mlxcore.output.detokenize import continuation_detokenizer
 from mlxcore.parsers.base import ToolParser
 from mlxcore.parsers.selection import Parsers
 from mlxcore.resources import ModelResources
+from mlxcore.thinking import ThinkingMarkers, ThinkingTracker, thinking_markers
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +49,14 @@ class Runtime:
     resources: ModelResources = attrs.field(factory=ModelResources)
     """What the plugins loaded for this model (``mlxcore_model_resources``), once."""
     _request_options: frozenset[str] | None = attrs.field(default=None, init=False)
+    _thinking: tuple[ThinkingMarkers | None] | None = attrs.field(default=None, init=False)
+
+    def thinking_markers(self) -> ThinkingMarkers | None:
+        """The reasoning parser's think-block tags as token ids (``None`` when the model
+        has no tag-based reasoning parser), tokenized once."""
+        if self._thinking is None:
+            self._thinking = (thinking_markers(self.parsers.reasoning, self.tokenizer),)
+        return self._thinking[0]
 
     def request_options(self) -> frozenset[str]:
         """The request fields the plugins read (``mlxcore_request_options``), asked once."""
@@ -90,12 +99,17 @@ class Runtime:
         instance instead of the model's, e.g. for constrained tool choice)."""
         if tool_parser is None and parse:
             tool_parser = self.parsers.tool_parser(tools)
+        reasoning = self.parsers.reasoning_parser(prompt_text) if parse else None
+        markers = self.thinking_markers() if reasoning is not None else None
         return OutputPipeline(
             continuation_detokenizer(self.tokenizer),
             hidden_ids=self.hidden_ids,
             stops=stops,
-            reasoning=self.parsers.reasoning_parser(prompt_text) if parse else None,
+            reasoning=reasoning,
             tools=tool_parser,
+            thinking=None
+            if markers is None or reasoning is None
+            else ThinkingTracker(markers, starts_inside=reasoning.starts_in_reasoning),
         )
 
 

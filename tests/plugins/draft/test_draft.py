@@ -29,6 +29,7 @@ from mlxcore.testing.distribution import (
 from mlxcore.testing.runtime import (
     Result,
     assert_structured_same_on_off,
+    assert_thinking_budget_same_on_off,
     make_runtime,
     reference_tokens,
     submit_together,
@@ -171,6 +172,12 @@ def test_temperature_one_keeps_the_targets_distribution(
 
 def test_structured_output_sees_every_verified_token(tiny_qwen3: Path, runtimes: Any) -> None:
     assert_structured_same_on_off(runtimes(tiny_qwen3, tiny_qwen3), '{"tags": ["a", "b"]} again: ')
+
+
+def test_thinking_budget_counts_only_verified_tokens(tiny_qwen3: Path, runtimes: Any) -> None:
+    """The draft (here the model itself) never proposes the forced close: verification
+    rejects its guesses there, and the budget still closes at the same token."""
+    assert_thinking_budget_same_on_off(runtimes(tiny_qwen3, tiny_qwen3), "Think about it:")
 
 
 def test_a_draft_model_is_required() -> None:

@@ -24,6 +24,7 @@ from mlxcore.testing.distribution import (
 from mlxcore.testing.runtime import (
     Result,
     assert_structured_same_on_off,
+    assert_thinking_budget_same_on_off,
     make_runtime,
     reference_tokens,
     submit_together,
@@ -120,6 +121,11 @@ def test_temperature_one_keeps_the_models_distribution(
 def test_structured_output_sees_every_verified_token(tiny_qwen3: Path, runtimes: Any) -> None:
     rt = runtimes(tiny_qwen3, **NO_AUTO_OFF)
     assert_structured_same_on_off(rt, '{"tags": ["a", "b", "a", "b"]} again: ')
+
+
+def test_thinking_budget_counts_only_verified_tokens(tiny_qwen3: Path, runtimes: Any) -> None:
+    rt = runtimes(tiny_qwen3, **NO_AUTO_OFF, lookup_min_ngram=1)
+    assert_thinking_budget_same_on_off(rt, "a b c a b c a b c a b c a b c", budget=9)
 
 
 def test_the_index_proposes_what_followed_the_latest_earlier_ending() -> None:

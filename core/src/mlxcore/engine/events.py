@@ -23,6 +23,9 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    reasoning_tokens: int = 0
+    """Of the completion tokens, those written inside the think block (set by the front
+    end's output pipeline)."""
     extra: dict[str, Any] = attrs.field(factory=dict)
 
 

@@ -19,6 +19,7 @@ import attrs
 from mlxcore.engine.strategies import StepToken
 from mlxcore.output.stops import StopMatcher
 from mlxcore.parsers.base import ParsedDelta, ReasoningParser, ToolCall, ToolParser
+from mlxcore.thinking import ThinkingTracker
 
 
 @attrs.define
@@ -55,6 +56,7 @@ class OutputPipeline:
         stops: stop strings.
         reasoning: the request's reasoning parser instance, if any.
         tools: the request's tool parser instance, if any.
+        thinking: follows the think block by token id, for :attr:`reasoning_tokens`.
     """
 
     def __init__(
@@ -65,12 +67,14 @@ class OutputPipeline:
         stops: Sequence[str] = (),
         reasoning: ReasoningParser | None = None,
         tools: ToolParser | None = None,
+        thinking: ThinkingTracker | None = None,
     ) -> None:
         self.detokenizer = detokenizer
         self.hidden_ids = hidden_ids
         self.stops = StopMatcher(stops)
         self.reasoning = reasoning
         self.tools = tools
+        self.thinking = thinking
         self.saw_tool_call = False
         self.finished = False
 
@@ -79,9 +83,17 @@ class OutputPipeline:
         """True once a stop string appeared: the caller should end the generation."""
         return self.stops.matched is not None
 
+    @property
+    def reasoning_tokens(self) -> int:
+        """Tokens generated inside the think block so far (its tags not counted)."""
+        return 0 if self.thinking is None else self.thinking.count
+
     def push(self, tokens: Sequence[StepToken]) -> OutputDelta:
         """Process newly generated tokens."""
         delta = OutputDelta(logprobs=[t for t in tokens if t.logprob is not None])
+        if self.thinking is not None:
+            for tok in tokens:
+                self.thinking.feed(tok.token)
         if self.stop_matched:
             return delta
         for tok in tokens:

@@ -46,6 +46,9 @@ class TagReasoningParser(ReasoningParser):
     exit_anywhere: ClassVar[bool] = False
     """Exit markers end reasoning anywhere, not only at a line start (set this when
     they are single special tokens that the model cannot write as prose)."""
+    after_close: ClassVar[str] = "\n\n"
+    """What the chat template writes between the closing tag and the answer: with the
+    tag, what the server writes to end a thinking block whose budget is spent."""
     drop_markers: ClassVar[tuple[str, ...]] = ()
     """Control markup removed wherever it appears."""
     reasoning_labels: ClassVar[frozenset[str] | None] = None

@@ -209,6 +209,7 @@ class GenerationService:
                 assert isinstance(event, FinishEvent)
                 finished = True
                 gen.usage = event.usage
+                gen.usage.reasoning_tokens = gen.pipeline.reasoning_tokens
                 charge_current(event.usage.prompt_tokens + event.usage.completion_tokens)
                 _log_finished(gen, event)
                 if event.reason == "error":

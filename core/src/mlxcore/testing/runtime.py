@@ -130,3 +130,30 @@ def assert_structured_same_on_off(rt: Runtime, prompt_text: str) -> None:
         texts.append(rt.tokenizer.decode(kept))
     assert texts[0] == texts[1]
     assert set(json.loads(texts[0])) == {"tags"}
+
+
+def assert_thinking_budget_same_on_off(rt: Runtime, prompt_text: str, budget: int = 6) -> None:
+    """A thinking budget closes the think block at the same token with speculation on
+    and off (the budget's processor counts only verified tokens, and starts over when a
+    rejected draft shortens the context)."""
+    from mlxcore.engine.request import GenerationRequest, SamplingParams
+    from mlxcore.thinking import OPTION, ThinkingBudget
+
+    markers = rt.thinking_markers()
+    assert markers is not None, "the model needs a tag-based reasoning parser"
+    prompt = tuple(rt.tokenizer.encode(prompt_text))
+    outputs = []
+    for speculative in (True, False):
+        plan = ThinkingBudget(budget, markers, starts_inside=True)
+        request = GenerationRequest(
+            prompt,
+            budget + 16,
+            SamplingParams(ignore_eos=True),
+            options={OPTION: plan, "speculative": speculative},
+        )
+        (res,) = submit_together(rt, [request])
+        assert res.finish is not None and res.finish.reason == "length", res.finish
+        outputs.append(res.tokens)
+    assert outputs[0] == outputs[1]
+    forced = list(markers.forced_close)
+    assert outputs[0][budget : budget + len(forced)] == forced, outputs[0]

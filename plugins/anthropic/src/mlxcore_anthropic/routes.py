@@ -78,6 +78,9 @@ def request_spec(
         stops_field="stop_sequences",
         extras=extras,
         constraint=_forced_tool_choice(body, prompt.tools),
+        thinking_budget=body.thinking.budget_tokens
+        if body.thinking is not None and body.thinking.type == "enabled"
+        else None,
     )
 
 

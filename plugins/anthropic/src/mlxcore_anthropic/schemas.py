@@ -65,7 +65,8 @@ class Message(msgspec.Struct, kw_only=True):
 
 class Thinking(msgspec.Struct, kw_only=True):
     type: str = "disabled"
-    budget_tokens: int | None = None
+    budget_tokens: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    """Held as a thinking budget when thinking is enabled (mlxcore.thinking)."""
 
 
 _TOOL_CHOICE = {

@@ -25,6 +25,7 @@ class Gemma4ReasoningParser(TagReasoningParser):
     control_tokens = CONTROL_TOKENS
     open_tag = CHANNEL
     close_tag = CHANNEL_END
+    after_close = ""
     reasoning_labels = frozenset({"thought"})
     exit_markers = (TOOL_CALL,)
     exit_anywhere = True

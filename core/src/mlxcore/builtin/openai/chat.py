@@ -70,6 +70,7 @@ def request_spec(
         extras=extras,
         constraint=convert.constraint(body),
         n=body.n,
+        thinking_budget=convert.thinking_budget(body),
     )
 
 

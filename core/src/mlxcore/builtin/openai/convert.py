@@ -10,7 +10,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from mlxcore import structured
+from mlxcore import structured, thinking
 from mlxcore.builtin.openai.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -226,6 +226,17 @@ def normalize_chat(
     if system:
         out.insert(0, {"role": "system", "content": "\n\n".join(system)})
     return out, parts
+
+
+def thinking_budget(body: ChatCompletionRequest) -> int | None:
+    """The request's thinking budget: the first of ``thinking_token_budget``,
+    ``reasoning_max_tokens`` and ``thinking_budget`` given, else what
+    ``reasoning_effort`` stands for (``None``: the server's default)."""
+    for name in thinking.BUDGET_FIELDS:
+        value = getattr(body, name)
+        if value is not None:
+            return int(value)
+    return thinking.effort_budget(body.reasoning_effort)
 
 
 def check_chat_fields(body: ChatCompletionRequest) -> None:

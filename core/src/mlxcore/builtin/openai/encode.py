@@ -26,15 +26,17 @@ def now() -> int:
 
 
 def usage_body(usages: Sequence[Usage]) -> dict[str, Any]:
-    """OpenAI ``usage`` summed over choices (prompt counted once), with cache details
-    and plugin extension fields."""
+    """OpenAI ``usage`` summed over choices (prompt counted once), with cache and
+    reasoning details and plugin extension fields."""
     first = usages[0]
     completion = sum(u.completion_tokens for u in usages)
+    reasoning = sum(u.reasoning_tokens for u in usages)
     body: dict[str, Any] = {
         "prompt_tokens": first.prompt_tokens,
         "completion_tokens": completion,
         "total_tokens": first.prompt_tokens + completion,
         "prompt_tokens_details": {"cached_tokens": first.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": reasoning},
     }
     for usage in usages:
         body.update(usage.extra)

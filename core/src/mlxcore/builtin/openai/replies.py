@@ -25,7 +25,10 @@ from mlxcore.server.openapi import (
 FINISH_REASON = {"enum": ["stop", "length", "tool_calls", "cancelled"]}
 USAGE = obj(
     {"prompt_tokens": INTEGER, "completion_tokens": INTEGER, "total_tokens": INTEGER},
-    {"prompt_tokens_details": obj({"cached_tokens": INTEGER})},
+    {
+        "prompt_tokens_details": obj({"cached_tokens": INTEGER}),
+        "completion_tokens_details": obj({"reasoning_tokens": INTEGER}),
+    },
 )
 _FUNCTION = {"name": STRING, "arguments": STRING}
 TOOL_CALL = obj(

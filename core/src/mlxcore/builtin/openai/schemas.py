@@ -144,6 +144,11 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # thinking budgets: vLLM's name, Rapid-MLX's, oMLX's; OpenAI's effort (mlxcore.thinking)
+    thinking_token_budget: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    reasoning_max_tokens: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    thinking_budget: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
 
 
 class CompletionRequest(SamplingFields, kw_only=True):

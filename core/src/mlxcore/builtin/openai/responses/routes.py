@@ -17,6 +17,7 @@ import attrs
 from litestar import Request, get, post, route
 
 from mlxcore import request_builder as builder
+from mlxcore import thinking
 from mlxcore.builtin.openai import convert
 from mlxcore.builtin.openai.encode import new_id
 from mlxcore.builtin.openai.responses import items as item_conv
@@ -114,6 +115,14 @@ def _template_kwargs(body: ResponsesRequest) -> dict[str, Any]:
     return kwargs
 
 
+def _effort_budget(body: ResponsesRequest) -> int | None:
+    """The thinking budget ``reasoning.effort`` stands for (see :mod:`mlxcore.thinking`)."""
+    try:
+        return thinking.effort_budget(body.reasoning.effort if body.reasoning else None)
+    except ValueError as exc:
+        raise invalid(str(exc), "reasoning.effort") from None
+
+
 CHOICE_MODES = ("none", "auto", "required")
 
 
@@ -195,23 +204,18 @@ def prepare(
         max_tokens_field="max_output_tokens",
         extras=extras,
         constraint=constraint,
+        thinking_budget=_effort_budget(body),
     )
     (generation,) = builder.build_generations(svc.runtime, spec)
     return Prepared(generation, _with_ids(given), namespaces)
 
 
-def _usage(svc: GenerationService, usage: Usage, output: list[dict[str, Any]]) -> dict[str, Any]:
-    reasoning = sum(
-        len(svc.runtime.tokenizer.encode(part["text"])) if part.get("text") else 0
-        for item in output
-        if item["type"] == "reasoning"
-        for part in item.get("content", [])
-    )
+def _usage(usage: Usage) -> dict[str, Any]:
     return {
         "input_tokens": usage.prompt_tokens,
         "input_tokens_details": {"cached_tokens": usage.cached_tokens},
         "output_tokens": usage.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": min(reasoning, usage.completion_tokens)},
+        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
     }
 
@@ -259,7 +263,7 @@ def _final(
     """The finished response object (status from the finish reason)."""
     out = dict(response)
     out["output"] = writer.output
-    out["usage"] = _usage(svc, gen.usage, writer.output)
+    out["usage"] = _usage(gen.usage)
     out["completed_at"] = int(time.time())
     if finish == "length":
         out["status"] = "incomplete"
