@@ -5,6 +5,7 @@ return is known to the character."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -119,3 +120,111 @@ def test_bad_tokenizer_requests_are_400_naming_the_field(
     answer = post(scripted_server, path, body)
     assert answer.status_code == 400, answer.text
     assert answer.json()["error"]["param"] == param
+
+
+# -- prompt logprobs, several prompts ------------------------------------------------------
+
+
+def reference_logprobs(tiny_qwen3: Path, ids: list[int]) -> list[float]:
+    import mlx.core as mx
+    from mlx_lm import load
+
+    model, _ = load(str(tiny_qwen3))
+    logits = model(mx.array(ids)[None])[0].astype(mx.float32)
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    return [logprobs[i, ids[i + 1]].item() for i in range(len(ids) - 1)]
+
+
+def test_echo_with_logprobs_scores_the_prompt_in_the_prefill(
+    scripted_server: Server, tokenizer: Any, tiny_qwen3: Path
+) -> None:
+    prompt = "One two three four five six seven eight nine ten. " * 4
+    ids = tokenizer.encode(prompt)
+    want = reference_logprobs(tiny_qwen3, ids)
+    # a first request puts the prompt in the prefix cache: the scored one must still
+    # compute every position
+    post(scripted_server, "/v1/completions", {"prompt": ids, "max_tokens": 1})
+    for stream in (False, True):
+        body = {"prompt": ids, "max_tokens": 2, "logprobs": 2, "echo": True, "temperature": 0,
+                "stream": stream, "test_script": " ok"}  # fmt: skip
+        answer = post(scripted_server, "/v1/completions", body)
+        if stream:
+            chunks = [json.loads(line[6:]) for line in answer.text.splitlines()
+                      if line.startswith("data: {")]  # fmt: skip
+            first = chunks[0]["choices"][0]
+            text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+            lp = first["logprobs"]
+        else:
+            choice = answer.json()["choices"][0]
+            text, lp = choice["text"], choice["logprobs"]
+        assert text == prompt + " ok"
+        assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+        got = lp["token_logprobs"][1 : len(ids)]
+        assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4
+        for value, top in zip(got, lp["top_logprobs"][1 : len(ids)], strict=True):
+            assert len(top) == 2 and max(top.values()) >= value - 1e-6
+
+
+def test_vllm_prompt_logprobs_on_completions_and_chat(
+    client: openai.OpenAI, tokenizer: Any, tiny_qwen3: Path
+) -> None:
+    ids = tokenizer.encode("Counting: one, two, three, four.")
+    want = reference_logprobs(tiny_qwen3, ids)
+    answer = client.completions.create(
+        model="tiny", prompt=ids, max_tokens=2, extra_body={"prompt_logprobs": 3}
+    )
+    scored = answer.choices[0].model_extra["prompt_logprobs"]  # type: ignore[index]
+    assert scored[0] is None and len(scored) == len(ids)
+    for position, entry in enumerate(scored[1:], start=1):
+        mine = entry[str(ids[position])]
+        assert abs(mine["logprob"] - want[position - 1]) < 1e-4
+        ranked = sorted(
+            (v["rank"], v["logprob"]) for k, v in entry.items() if k != str(ids[position])
+        )
+        assert [r for r, _ in ranked][:3] == [1, 2, 3][: len(ranked)]
+        assert mine["rank"] >= 1 and (mine["rank"] > 1 or mine["logprob"] >= ranked[0][1] - 1e-6)
+    chat = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2,
+        extra_body={"prompt_logprobs": 0},
+    )  # fmt: skip
+    scored = chat.model_extra["prompt_logprobs"]  # type: ignore[index]
+    assert chat.usage is not None and len(scored) == chat.usage.prompt_tokens
+    assert all(len(entry) == 1 for entry in scored[1:])
+
+
+def test_several_prompts_in_one_completion_request(client: openai.OpenAI) -> None:
+    answer = client.completions.create(
+        model="tiny", prompt=["first prompt", "the second one"], n=2, max_tokens=3,
+        echo=True, extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    assert [c.index for c in answer.choices] == [0, 1, 2, 3]
+    assert [c.text.split(" ")[0] for c in answer.choices] == ["first", "first", "the", "the"]
+    assert answer.usage is not None and answer.usage.completion_tokens == 12
+    assert answer.usage.prompt_tokens == 2 + 3  # each prompt counted once
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"prompt": "x", "prompt_logprobs": 21}, "prompt_logprobs"),
+        ({"prompt": ["a", [1, 2]]}, "prompt"),
+        ({"prompt": ["a", ""]}, "prompt[1]"),
+        ({"prompt": [[1, 2], [-3]]}, "prompt[1]"),
+        ({"prompt": ["a"] * 129}, "prompt"),
+    ],
+)
+def test_bad_prompts_are_400s(scripted_server: Server, body: dict[str, Any], param: str) -> None:
+    answer = post(scripted_server, "/v1/completions", body)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["param"] == param
+
+
+def test_tokenizer_info_is_what_lm_eval_s_remote_tokenizer_reads(
+    scripted_server: Server, tokenizer: Any
+) -> None:
+    info = httpx.get(scripted_server.base_url + "/tokenizer_info", timeout=30).json()
+    assert info["eos_token"] == tokenizer.eos_token
+    assert "messages" in info["chat_template"]  # the template the server renders with
+    assert info["vocab_size"] == len(tokenizer) and isinstance(info["model_max_length"], int)
+    missing = httpx.get(scripted_server.base_url + "/tokenizer_info?model=nope", timeout=30)
+    assert missing.status_code in (200, 404)  # the scripted server accepts any name

@@ -31,6 +31,7 @@ import attrs
 from mlxcore import structured, thinking
 from mlxcore.engine.events import RequestHandle, Usage
 from mlxcore.engine.request import GenerationRequest, SamplingParams
+from mlxcore.engine.strategies import StepToken
 from mlxcore.engine.validation import RequestRejected, check_request, check_stops
 from mlxcore.errors import OptionError
 from mlxcore.media import MediaPart
@@ -158,6 +159,9 @@ class Generation:
     handle: RequestHandle | None = None
     generated: int = 0
     """Tokens generated so far (``usage`` is final only at the end)."""
+    prompt_logprobs: list[StepToken] | None = None
+    """Every prompt token's logprob after the first, once the prefill computed them (for
+    a request with ``sampling.prompt_logprobs``)."""
 
 
 # -- prompts -------------------------------------------------------------------
@@ -385,6 +389,8 @@ def build_generations(rt: Runtime, spec: RequestSpec) -> list[Generation]:
     extras = {k: v for k, v in spec.extras.items() if k not in RESERVED_OPTIONS}
     plugin_options = validated_options(rt, extras)
     prompt = prepare_prompt(rt, spec.prompt, plugin_options)
+    if prompt.media is not None and spec.sampling.prompt_logprobs is not None:
+        raise rejected("prompt logprobs are not computed for prompts with media", "prompt_logprobs")
     prompt_field = spec.prompt.field if isinstance(spec.prompt, TextPrompt) else "messages"
     budget = generation_budget(
         spec.max_tokens,

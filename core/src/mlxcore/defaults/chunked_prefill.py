@@ -10,12 +10,18 @@ import mlx.core as mx
 
 from mlxcore.engine.batch_prefill import cache_is_batchable, prefill_together
 from mlxcore.engine.kv_quant import KVQuantization
+from mlxcore.engine.sampling import prompt_token_logprobs
 from mlxcore.engine.strategies import (
     PrefillGenerator,
     PrefillResult,
     PrefillStrategy,
     PrefillTask,
+    StepToken,
 )
+
+SCORED_CHUNK = 512
+"""Most prompt tokens per chunk when their logprobs are computed (the chunk's logits,
+``tokens x vocabulary``, are materialised: 512 x 151,936 float32 is 311 MB)."""
 
 BATCH_OPTION = "batched_prefill"
 """Request option: ``{"batched_prefill": false}`` keeps a request out of batched prefill."""
@@ -23,7 +29,8 @@ BATCH_OPTION = "batched_prefill"
 
 class ChunkedPrefill(PrefillStrategy):
     """Processes the prompt in chunks of ``step_size`` tokens, then the last token
-    alone for its logits (the same split as ``mlx_lm.generate``).
+    alone for its logits (the same split as ``mlx_lm.generate``). A request that asks
+    for prompt logprobs has them computed from each chunk's logits, in the same pass.
 
     Prompts whose remaining part fits in one chunk can also be prefilled together
     (:meth:`prefill_batch`, mlx-lm's batched prompt processing, see
@@ -53,6 +60,8 @@ class ChunkedPrefill(PrefillStrategy):
         request = task.request
         if request.media is not None or request.options.get(BATCH_OPTION) is False:
             return False
+        if request.sampling.prompt_logprobs is not None:
+            return False  # scored chunk by chunk in prefill()
         if len(task.remaining) > self.step_size + 1:
             return False
         if self.kv_quant is not None and len(request.prompt_tokens) - 1 >= self.kv_quant.start:
@@ -72,19 +81,25 @@ class ChunkedPrefill(PrefillStrategy):
         tokens = mx.array(list(task.remaining))[None]
         body = tokens.shape[1] - 1
         done = 0
+        top = task.request.sampling.prompt_logprobs
+        scored: list[StepToken] | None = None if top is None else []
+        step = self.step_size if top is None else min(self.step_size, SCORED_CHUNK)
         while done < body:
             stops = [c - task.start for c in task.checkpoints]  # may grow between chunks
-            n = min(task.step_tokens or self.step_size, self.step_size, body - done)
+            n = min(task.step_tokens or step, step, body - done)
             upcoming = [s for s in stops if done < s < done + n]
             if upcoming:
                 n = upcoming[0] - done
-            self.model(tokens[:, done : done + n], cache=task.cache)
+            out = self.model(tokens[:, done : done + n], cache=task.cache)
             if self.kv_quant is not None:
                 self.kv_quant.quantize_prefill(task.cache)
             mx.eval([c.state for c in task.cache])
+            if scored is not None and top is not None:
+                targets = tokens[0, done + 1 : done + n + 1]
+                scored += prompt_token_logprobs(out[0], targets, top)
             done += n
             if done in stops and task.snapshot is not None:
                 task.snapshot(task.start + done)
             yield done
         logits = self.model(tokens[:, body:], cache=task.cache)[:, -1, :]
-        return PrefillResult(logits=logits)
+        return PrefillResult(logits=logits, prompt_logprobs=scored)

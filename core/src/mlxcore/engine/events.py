@@ -34,6 +34,9 @@ class TokenEvent:
     """New tokens for the request (one or more, from one engine step)."""
 
     tokens: list[StepToken]
+    prompt_logprobs: list[StepToken] | None = None
+    """With a request's first tokens, when it asked for them: every prompt token's
+    logprob after the first (``sampling.prompt_logprobs``)."""
 
 
 OVERLOADED = "overloaded"

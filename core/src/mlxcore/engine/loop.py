@@ -26,7 +26,6 @@ import logging
 from typing import Any
 
 import attrs
-import mlx.core as mx
 
 from mlxcore.engine.cache_explain import EXPLAIN_OPTION, CacheExplanation
 from mlxcore.engine.events import Event, FinishEvent, RequestHandle, TokenEvent, Usage, send
@@ -38,7 +37,7 @@ from mlxcore.engine.sampling import (
     make_processors,
     make_sampler,
     repair_random_state,
-    token_with_logprobs,
+    sample_first,
 )
 from mlxcore.engine.strategies import (
     DecodeSequence,
@@ -76,6 +75,8 @@ class AdmittedRequest:
     """True after a batched prefill with this task failed: prefill it alone."""
     processed: int = 0
     """Prompt tokens the prefill processed so far (after the cached ``task.start``)."""
+    prompt_logprobs: list[StepToken] | None = None
+    """Computed by the prefill, sent with the first tokens."""
 
     @property
     def request(self) -> GenerationRequest:
@@ -201,8 +202,9 @@ class BatchLoop:
     def start_prefill(self, live: AdmittedRequest) -> None:
         """Look the prompt up in the prefix cache and queue its prefill."""
         req = live.request
-        try:
-            lookup = self.cache.lookup(req.cache_tokens)
+        try:  # prompt logprobs need every position computed: no cached prefix then
+            scored = req.sampling.prompt_logprobs is not None
+            lookup = self.cache.lookup(req.cache_tokens[:1] if scored else req.cache_tokens)
             live.usage.cached_tokens = live.handle.cached_tokens = lookup.cached_tokens
             self._explain(live, lookup.explanation)
             live.task = PrefillTask(req, lookup.cache, lookup.cached_tokens)
@@ -232,6 +234,8 @@ class BatchLoop:
         """Let ``live`` wait for a prefill in progress that computes much of its prompt;
         False when there is none worth waiting for."""
         if live.request.media is not None or not self.prefill.stops_at_checkpoints:
+            return False
+        if live.request.sampling.prompt_logprobs is not None:
             return False
         candidates = [
             (other, other.request.cache_tokens, other.progress, other.task.extra_checkpoints)
@@ -399,8 +403,14 @@ class BatchLoop:
                     f"decoder {self.decoder.name!r} cannot continue a sequence with a "
                     "position offset (a media request on an M-RoPE model)"
                 )
+            if live.request.sampling.prompt_logprobs is not None:
+                if result.prompt_logprobs is None:
+                    raise MlxcoreError(f"{self.prefill.name} prefill computes no prompt logprobs")
+                live.prompt_logprobs = result.prompt_logprobs
             prompt = list(live.request.prompt_tokens)
-            first = self._sample_first(live, result.logits, prompt)
+            first = sample_first(
+                live.sampler, live.processors, result.logits, prompt, live.request.sampling
+            )
             seq = DecodeSequence(
                 uid=live.handle.uid,
                 request=live.request,
@@ -424,18 +434,6 @@ class BatchLoop:
             self.decoder.add(seq)
         except Exception as exc:
             self.fail(live, exc)
-
-    def _sample_first(self, live: AdmittedRequest, logits: Any, prompt: list[int]) -> StepToken:
-        if live.processors:
-            context = mx.array(prompt)
-            for proc in live.processors:
-                logits = proc(context, logits)
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        token = int(live.sampler(logprobs).item())
-        sampling = live.request.sampling
-        if sampling.logprobs:
-            return token_with_logprobs(token, logprobs[0], sampling.top_logprobs)
-        return StepToken(token)
 
     def decode_step(self) -> None:
         if self.quarantine and not len(self.decoder):
@@ -521,7 +519,8 @@ class BatchLoop:
                 reason = "length"
                 break
         live.usage.completion_tokens = live.generated
-        self.send(live.handle, TokenEvent(kept))
+        self.send(live.handle, TokenEvent(kept, live.prompt_logprobs))
+        live.prompt_logprobs = None  # sent with the first tokens
         if reason is not None:
             live.handle.end_early(reason)
             return True

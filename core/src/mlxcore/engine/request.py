@@ -34,6 +34,10 @@ class SamplingParams:
     ignore_eos: bool = False
     """The model's end-of-sequence tokens do not end the generation (vLLM's): it runs to
     ``max_tokens`` or a stop token the request named."""
+    prompt_logprobs: int | None = None
+    """Compute each prompt token's logprob (with this many alternatives) during the
+    prefill; ``None``: not asked. Such a prompt is prefilled whole (no prefix-cache read),
+    so every position is computed."""
 
     @property
     def greedy(self) -> bool:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import secrets
+from collections.abc import Sequence
 from typing import Any
 
 import mlx.core as mx
@@ -139,6 +140,56 @@ def token_with_logprobs(token: int, logprobs: mx.array, top: int) -> StepToken:
     values: list[float] = logprobs[best].tolist()  # type: ignore[assignment]
     pairs = sorted(zip(ids, values, strict=True), key=lambda p: -p[1])
     return StepToken(token, chosen, tuple(pairs))
+
+
+def sample_first(
+    sampler: Sampler,
+    processors: Sequence[LogitsProcessor],
+    logits: mx.array,
+    prompt: list[int],
+    sampling: SamplingParams,
+) -> StepToken:
+    """The first generated token, from the prefill's ``logits`` (1, vocab) after the
+    request's ``processors`` (each sees the prompt as its context)."""
+    if processors:
+        context = mx.array(prompt)
+        for proc in processors:
+            logits = proc(context, logits)
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    token = int(sampler(logprobs).item())
+    if sampling.logprobs:
+        return token_with_logprobs(token, logprobs[0], sampling.top_logprobs)
+    return StepToken(token)
+
+
+def prompt_token_logprobs(logits: mx.array, targets: mx.array, top: int) -> list[StepToken]:
+    """The logprob, rank and ``top`` best alternatives of each of ``targets`` (n,) under
+    the matching row of ``logits`` (n, vocab): the prompt logprobs of one prefill chunk.
+    Computed in float32; one evaluation for the whole chunk."""
+    logprobs = logits.astype(mx.float32)
+    logprobs = logprobs - mx.logsumexp(logprobs, axis=-1, keepdims=True)
+    chosen = mx.take_along_axis(logprobs, targets[:, None], axis=-1)
+    ranks = (logprobs > chosen).sum(axis=-1) + 1
+    arrays = [chosen[:, 0], ranks]
+    if top > 0:
+        best = mx.argpartition(-logprobs, kth=top - 1, axis=-1)[:, :top]
+        arrays += [best, mx.take_along_axis(logprobs, best, axis=-1)]
+    mx.eval(arrays)
+    ids: list[int] = targets.tolist()  # type: ignore[assignment]
+    values: list[float] = arrays[0].tolist()  # type: ignore[assignment]
+    rank_list: list[int] = arrays[1].tolist()  # type: ignore[assignment]
+    alternatives: list[tuple[tuple[int, float], ...]] = [()] * len(ids)
+    if top > 0:
+        top_ids: list[list[int]] = arrays[2].tolist()  # type: ignore[assignment]
+        top_values: list[list[float]] = arrays[3].tolist()  # type: ignore[assignment]
+        alternatives = [
+            tuple(sorted(zip(i, v, strict=True), key=lambda p: -p[1]))
+            for i, v in zip(top_ids, top_values, strict=True)
+        ]
+    return [
+        StepToken(token, value, alts, rank)
+        for token, value, alts, rank in zip(ids, values, alternatives, rank_list, strict=True)
+    ]
 
 
 def repair_random_state() -> None:

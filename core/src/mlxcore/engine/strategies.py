@@ -234,6 +234,7 @@ class PrefillResult:
         reusable: ``False`` when the cache must never be stored as a reusable prefix
             (for example when only a subset of the prompt's positions was filled).
         usage: extension fields for the response's ``usage`` (e.g. kept tokens).
+        prompt_logprobs: see the attribute.
         position_offset: how far the rotary position of the next token is from its
             index in the cache (0 for text). Multimodal RoPE (Qwen-VL's M-RoPE) gives an
             image fewer distinct positions than tokens, so decoding continues at
@@ -245,6 +246,10 @@ class PrefillResult:
     reusable: bool = True
     usage: dict[str, Any] = attrs.field(factory=dict)
     position_offset: int = 0
+    prompt_logprobs: list[StepToken] | None = None
+    """For a request with ``sampling.prompt_logprobs``: the logprob of every prompt token
+    after the first, in order (a strategy that cannot compute them leaves ``None`` and
+    the request fails)."""
 
 
 PrefillGenerator = Generator[int, None, PrefillResult]
@@ -327,6 +332,8 @@ class StepToken:
     token: int
     logprob: float | None = None
     top_logprobs: tuple[tuple[int, float], ...] = ()
+    rank: int | None = None
+    """The token's rank among the vocabulary by logprob (1: the best), when computed."""
 
 
 @attrs.define(eq=False)

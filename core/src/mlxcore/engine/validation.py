@@ -104,6 +104,12 @@ def check_sampling(params: SamplingParams, vocab_size: int) -> None:
         _between("logit_bias", bias, -MAX_PENALTY, MAX_PENALTY)
     if params.seed is not None and not 0 <= params.seed < 2**64:
         raise RequestRejected("seed must fit in 64 bits", "seed")
+    if params.prompt_logprobs is not None and not (
+        0 <= params.prompt_logprobs <= min(MAX_TOP_LOGPROBS, vocab_size)
+    ):
+        raise RequestRejected(
+            f"prompt_logprobs must be between 0 and {MAX_TOP_LOGPROBS}", "prompt_logprobs"
+        )
     if not 0 <= params.top_logprobs <= min(MAX_TOP_LOGPROBS, vocab_size):
         raise RequestRejected(
             f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}", "top_logprobs"

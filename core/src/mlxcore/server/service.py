@@ -196,6 +196,8 @@ class GenerationService:
             while True:
                 event = await events.get()
                 if isinstance(event, TokenEvent):
+                    if event.prompt_logprobs is not None:
+                        gen.prompt_logprobs = event.prompt_logprobs
                     gen.generated += len(event.tokens)
                     if gen.first_token_at is None:
                         gen.first_token_at = time.perf_counter()

@@ -85,7 +85,8 @@ class SpecPrefill(PrefillStrategy):
             log.warning("specprefill: ignoring bad request options: %s", exc)
             settings = self.settings
         new = len(task.request.prompt_tokens) - task.start
-        if not settings.enabled or new < max(2, settings.threshold):
+        scored = task.request.sampling.prompt_logprobs is not None  # every position needed
+        if not settings.enabled or scored or new < max(2, settings.threshold):
             return (yield from self.chunked.prefill(task))
         try:
             self.target.check_cache(task.cache)

@@ -52,6 +52,7 @@ def request_spec(
         vocab_size=len(svc.runtime.tokenizer),
         logprobs=body.logprobs,
         top_logprobs=top,
+        prompt_logprobs=body.prompt_logprobs,
     )
     return RequestSpec(
         prompt=ChatPrompt(
@@ -97,10 +98,14 @@ async def chat_completions(request: Request[Any, Any, Any]) -> Any:
     streams = await unless_disconnected(request, svc.start_all(gens))
     model = served_name(svc, body.model)
     logprobs = LogprobEncoder(svc.runtime.tokenizer) if body.logprobs else None
+    scored = None if body.prompt_logprobs is None else LogprobEncoder(svc.runtime.tokenizer)
     if body.stream:
         stream_options = body.stream_options or StreamOptions()
-        return openai_stream(_stream(gens, streams, model, logprobs, stream_options))
-    return Response(await unless_disconnected(request, _complete(gens, streams, model, logprobs)))
+        return openai_stream(_stream(gens, streams, model, logprobs, stream_options, scored))
+    answer = await unless_disconnected(request, _complete(gens, streams, model, logprobs))
+    if scored is not None:  # vLLM's extra: the prompt is the same for every choice
+        answer["prompt_logprobs"] = scored.vllm_prompt(gens[0].prompt_logprobs or [])
+    return Response(answer)
 
 
 async def _complete(
@@ -143,11 +148,12 @@ async def _stream(
     model: str,
     logprobs: LogprobEncoder | None,
     options: StreamOptions,
+    scored: LogprobEncoder | None = None,
 ) -> AsyncIterator[bytes]:
     rid, created = gens[0].request.request_id, now()
 
     def chunk(
-        index: int, delta: dict[str, Any], finish: str | None = None, lp: Any = None
+        index: int, delta: dict[str, Any], finish: str | None = None, lp: Any = None, **extra: Any
     ) -> bytes:
         choice = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
         body = {
@@ -159,12 +165,15 @@ async def _stream(
         }
         if options.continuous_usage_stats:
             body["usage"] = running_usage(gens)
-        return sse(body)
+        return sse({**body, **extra})
 
     for index in range(len(gens)):
         yield chunk(index, {"role": "assistant", "content": ""})
     tool_index = [0] * len(gens)
     async for index, d in merge_streams(streams):
+        if scored is not None and index == 0:  # once the prefill scored the prompt
+            yield chunk(0, {}, prompt_logprobs=scored.vllm_prompt(gens[0].prompt_logprobs or []))
+            scored = None
         delta: dict[str, Any] = {}
         if d.reasoning:
             delta["reasoning_content"] = d.reasoning

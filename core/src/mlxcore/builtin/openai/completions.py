@@ -21,7 +21,7 @@ from mlxcore.builtin.openai.encode import (
     usage_body,
 )
 from mlxcore.builtin.openai.replies import TEXT_COMPLETION, TEXT_EVENTS
-from mlxcore.builtin.openai.schemas import CompletionRequest, StreamOptions
+from mlxcore.builtin.openai.schemas import MAX_PROMPTS, CompletionRequest, StreamOptions
 from mlxcore.output import OutputDelta
 from mlxcore.request_builder import RequestSpec, TextPrompt
 from mlxcore.server.errors import invalid
@@ -35,54 +35,85 @@ from mlxcore.server.openapi import BODY_OPTION, REPLIES_OPTION, reply
 from mlxcore.server.service import Generation, GenerationService, collect, merge_streams
 
 
-def _prompt(prompt: str | list[str | int]) -> TextPrompt:
+def _prompts(prompt: str | list[Any]) -> list[TextPrompt]:
+    """The request's prompts: one string, one list of token ids, or several of either."""
     if isinstance(prompt, str):
-        return TextPrompt(text=prompt)
-    ids = [p for p in prompt if isinstance(p, int)]
-    if prompt and len(ids) == len(prompt):
-        return TextPrompt(ids=ids)
-    if len(prompt) == 1 and isinstance(prompt[0], str):
-        return TextPrompt(text=prompt[0])
-    raise invalid("prompt must be a string, a one-string list or a list of token ids", "prompt")
+        return [TextPrompt(text=prompt)]
+    if prompt and all(_is_token(p) for p in prompt):
+        return [TextPrompt(ids=prompt)]
+    if len(prompt) > MAX_PROMPTS:
+        raise invalid(f"at most {MAX_PROMPTS} prompts per request, got {len(prompt)}", "prompt")
+    out = []
+    for i, item in enumerate(prompt):
+        if isinstance(item, str) and item:
+            out.append(TextPrompt(text=item, field=f"prompt[{i}]"))
+        elif isinstance(item, list) and item and all(_is_token(t) for t in item):
+            out.append(TextPrompt(ids=item, field=f"prompt[{i}]"))
+        else:
+            raise invalid(
+                "prompt must be a string, token ids, or a list of strings or of token-id lists",
+                f"prompt[{i}]",
+            )
+    kinds = {type(p.text) for p in out}
+    if len(kinds) > 1:
+        raise invalid("prompts must be all strings or all token-id lists", "prompt")
+    return out
 
 
-def request_spec(
+def _is_token(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def request_specs(
     svc: GenerationService, body: CompletionRequest, extras: dict[str, Any]
-) -> RequestSpec:
-    """Check the fields only text completions have and describe the request for the
-    shared builder (raw text out: no reasoning or tool parsing)."""
+) -> list[RequestSpec]:
+    """Check the fields only text completions have and describe each prompt's request
+    for the shared builder (raw text out: no reasoning or tool parsing)."""
     if body.suffix:
         raise invalid("suffix is not supported", "suffix")
-    prompt = _prompt(body.prompt)
+    prompts = _prompts(body.prompt)
     top = body.logprobs or 0
     if not 0 <= top <= convert.MAX_TOP_LOGPROBS:
         raise invalid(f"logprobs must be between 0 and {convert.MAX_TOP_LOGPROBS}", "logprobs")
+    scored = body.prompt_logprobs
+    if body.echo and body.logprobs is not None:  # the echoed prompt carries logprobs too
+        scored = max(top, scored or 0)
     sampling = convert.sampling_params(
         body,
         vocab_size=len(svc.runtime.tokenizer),
         logprobs=body.logprobs is not None,
         top_logprobs=top,
+        prompt_logprobs=scored,
     )
-    return RequestSpec(
-        prompt=prompt,
-        sampling=sampling,
-        constraint=convert.output_constraint(body),  # vLLM's extension to completions
-        new_id=lambda: new_id("cmpl"),
-        max_tokens=body.max_tokens,
-        default_max_tokens=16,  # OpenAI's default for this API
-        stops=convert.stop_list(body.stop),
-        stop_token_ids=body.stop_token_ids or (),
-        extras=extras,
-        n=body.n,
-        parse=False,
-    )
+    constraint = convert.output_constraint(body)  # vLLM's extension to completions
+    return [
+        RequestSpec(
+            prompt=prompt,
+            sampling=sampling,
+            constraint=constraint,
+            new_id=lambda: new_id("cmpl"),
+            max_tokens=body.max_tokens,
+            default_max_tokens=16,  # OpenAI's default for this API
+            stops=convert.stop_list(body.stop),
+            stop_token_ids=body.stop_token_ids or (),
+            extras=extras,
+            n=body.n,
+            parse=False,
+        )
+        for prompt in prompts
+    ]
 
 
 def build_generations(
     svc: GenerationService, body: CompletionRequest, extras: dict[str, Any]
 ) -> list[Generation]:
-    """One generation per choice of a text completion request."""
-    return builder.build_generations(svc.runtime, request_spec(svc, body, extras))
+    """The generations of a text completion request: ``n`` per prompt, in order (the
+    choice ``index`` is the position in this list, as OpenAI numbers them)."""
+    return [
+        gen
+        for spec in request_specs(svc, body, extras)
+        for gen in builder.build_generations(svc.runtime, spec)
+    ]
 
 
 @post(
@@ -94,29 +125,31 @@ def build_generations(
     },
 )
 async def completions(request: Request[Any, Any, Any]) -> Any:
-    """OpenAI (legacy) text completions."""
+    """OpenAI (legacy) text completions: one or several prompts, ``n`` choices each."""
     body, options = await decode_request(request, CompletionRequest)
     svc = await model_service(request, body.model)
     gens = await svc.prepare(build_generations, svc, body, options)
-    echo = ""
-    if body.echo:
-        echo = await svc.prepare(svc.runtime.tokenizer.decode, list(gens[0].request.prompt_tokens))
+    echo = None
+    if body.echo or body.prompt_logprobs is not None:
+        echo = Echo(svc.runtime.tokenizer, body)
+        await svc.prepare(echo.prepare, gens)
     streams = await unless_disconnected(request, svc.start_all(gens))
     model = served_name(svc, body.model)
     lp = LogprobEncoder(svc.runtime.tokenizer) if body.logprobs is not None else None
     if body.stream:
         stream_options = body.stream_options or StreamOptions()
-        return openai_stream(_stream(gens, streams, model, lp, stream_options, echo))
+        return openai_stream(_stream(gens, streams, model, lp, stream_options, echo, body.n))
     results = await unless_disconnected(request, asyncio.gather(*(collect(s) for s in streams)))
-    choices = [
-        {
+    choices = []
+    for i, (gen, out) in enumerate(zip(gens, results, strict=True)):
+        choice = {
             "index": i,
-            "text": echo + out.content,
+            "text": out.content,
             "logprobs": lp.completion(out.logprobs) if lp else None,
-            "finish_reason": out.finish_reason,
         }
-        for i, out in enumerate(results)
-    ]
+        if echo is not None:
+            echo.add_to(choice, gen)
+        choices.append({**choice, "finish_reason": out.finish_reason})
     return Response(
         {
             "id": gens[0].request.request_id,
@@ -124,9 +157,64 @@ async def completions(request: Request[Any, Any, Any]) -> Any:
             "created": now(),
             "model": model,
             "choices": choices,
-            "usage": usage_body([g.usage for g in gens]),
+            "usage": prompts_usage(gens, body.n),
         }
     )
+
+
+def prompts_usage(gens: list[Generation], n: int) -> dict[str, Any]:
+    """``usage`` over every prompt (each prompt's tokens counted once, not per choice)."""
+    groups = [usage_body([g.usage for g in gens[i : i + n]]) for i in range(0, len(gens), n)]
+    total = groups[0]
+    for other in groups[1:]:
+        for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+            total[key] += other[key]
+        total["prompt_tokens_details"]["cached_tokens"] += other["prompt_tokens_details"][
+            "cached_tokens"
+        ]
+        total["completion_tokens_details"]["reasoning_tokens"] += other[
+            "completion_tokens_details"
+        ]["reasoning_tokens"]
+    return total
+
+
+class Echo:
+    """What a choice adds about its prompt: the prompt text (``echo``), with its tokens'
+    logprobs in the legacy shape when ``logprobs`` is set, and vLLM's
+    ``prompt_logprobs``. The prompt logprobs come from the prefill (the first tokens'
+    event), so they are added once the generation has started."""
+
+    def __init__(self, tokenizer: Any, body: CompletionRequest) -> None:
+        self.encoder = LogprobEncoder(tokenizer)
+        self.tokenizer = tokenizer
+        self.text = body.echo
+        self.legacy = body.echo and body.logprobs is not None
+        self.vllm = body.prompt_logprobs is not None
+        self.texts: dict[tuple[int, ...], str] = {}
+
+    def prepare(self, gens: list[Generation]) -> None:
+        """Decode each prompt once (preparation pool)."""
+        if self.text:
+            for gen in gens:
+                key = gen.request.prompt_tokens
+                if key not in self.texts:
+                    self.texts[key] = self.tokenizer.decode(list(key))
+
+    def add_to(self, choice: dict[str, Any], gen: Generation) -> None:
+        """Prefix the choice's text (and logprobs) with its prompt's; add
+        ``prompt_logprobs``."""
+        prompt = gen.request.prompt_tokens
+        if self.text:
+            choice["text"] = self.texts[prompt] + choice["text"]
+        if self.legacy:
+            head = self.encoder.echoed_prompt(prompt, gen.prompt_logprobs)
+            tail = choice["logprobs"]
+            if tail:
+                for key in ("tokens", "token_logprobs", "top_logprobs"):
+                    head[key] += tail[key]
+            choice["logprobs"] = head
+        if self.vllm:
+            choice["prompt_logprobs"] = self.encoder.vllm_prompt(gen.prompt_logprobs or [])
 
 
 async def _stream(
@@ -135,7 +223,8 @@ async def _stream(
     model: str,
     lp: LogprobEncoder | None,
     options: StreamOptions,
-    echo: str,
+    echo: Echo | None,
+    n: int,
 ) -> AsyncIterator[bytes]:
     rid, created = gens[0].request.request_id, now()
 
@@ -145,10 +234,13 @@ async def _stream(
             body["usage"] = running_usage(gens)
         return sse({**body, "choices": choices, **extra})
 
-    if echo:
-        for i in range(len(gens)):
-            yield chunk([{"index": i, "text": echo, "logprobs": None, "finish_reason": None}])
+    echoed: set[int] = set()
     async for index, d in merge_streams(streams):
+        if echo is not None and index not in echoed:  # the prompt first, once it is scored
+            echoed.add(index)
+            head: dict[str, Any] = {"index": index, "text": "", "logprobs": None}
+            echo.add_to(head, gens[index])
+            yield chunk([{**head, "finish_reason": None}])
         if d.content or d.logprobs or d.finish_reason:
             logprobs = lp.completion(d.logprobs) if lp and d.logprobs else None
             choice = {
@@ -159,5 +251,5 @@ async def _stream(
             }
             yield chunk([choice])
     if options.include_usage:
-        yield chunk([], usage=usage_body([g.usage for g in gens]))
+        yield chunk([], usage=prompts_usage(gens, n))
     yield SSE_DONE

@@ -32,7 +32,12 @@ def _range(name: str, value: float | None, low: float, high: float) -> None:
 
 
 def sampling_params(
-    body: SamplerFields, *, vocab_size: int, logprobs: bool, top_logprobs: int
+    body: SamplerFields,
+    *,
+    vocab_size: int,
+    logprobs: bool,
+    top_logprobs: int,
+    prompt_logprobs: int | None = None,
 ) -> SamplingParams:
     """Validate the sampling fields and build :class:`SamplingParams`."""
     _range("temperature", body.temperature, 0.0, 2.0)
@@ -84,6 +89,7 @@ def sampling_params(
         logit_bias=bias,
         seed=seed,
         logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
         top_logprobs=top_logprobs,
     )
 

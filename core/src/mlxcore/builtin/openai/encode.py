@@ -116,6 +116,36 @@ class LogprobEncoder:
             "text_offset": [],
         }
 
+    def echoed_prompt(
+        self, prompt: Sequence[int], scored: Sequence[StepToken] | None
+    ) -> dict[str, Any]:
+        """Legacy completions logprobs of an echoed prompt: its first token has none
+        (nothing precedes it); ``scored`` holds the others'."""
+        rest = list(scored or [])
+        return {
+            "tokens": [self.text(t) for t in prompt],
+            "token_logprobs": [None, *(t.logprob for t in rest)],
+            "top_logprobs": [None, *({self.text(i): lp for i, lp in t.top_logprobs} for t in rest)],
+            "text_offset": [],
+        }
+
+    def vllm_prompt(self, scored: Sequence[StepToken]) -> list[dict[str, Any] | None]:
+        """vLLM's ``prompt_logprobs``: ``None`` for the first prompt token, then for each
+        token ``{id: {"logprob", "rank", "decoded_token"}}`` with its alternatives."""
+        out: list[dict[str, Any] | None] = [None]
+        for tok in scored:
+            entry = {
+                str(i): {"logprob": lp, "rank": rank, "decoded_token": self.text(i)}
+                for rank, (i, lp) in enumerate(tok.top_logprobs, start=1)
+            }
+            entry[str(tok.token)] = {
+                "logprob": tok.logprob,
+                "rank": tok.rank,
+                "decoded_token": self.text(tok.token),
+            }
+            out.append(entry)
+        return out
+
 
 def sse(payload: dict[str, Any]) -> bytes:
     """One server-sent event carrying ``payload`` as JSON."""

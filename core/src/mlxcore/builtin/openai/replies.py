@@ -46,8 +46,8 @@ CHAT_LOGPROBS = obj(
 COMPLETION_LOGPROBS = obj(
     {
         "tokens": array(STRING),
-        "token_logprobs": array(NUMBER),
-        "top_logprobs": array({"type": "object", "additionalProperties": NUMBER}),
+        "token_logprobs": array(nullable(NUMBER)),  # null: an echoed prompt's first token
+        "top_logprobs": array(nullable({"type": "object", "additionalProperties": NUMBER})),
         "text_offset": array(INTEGER),
     }
 )

@@ -126,6 +126,8 @@ class SamplingFields(SamplerFields, kw_only=True):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    prompt_logprobs: Annotated[int, _range(0, MAX_TOP_LOGPROBS)] | None = None
+    """vLLM's: every prompt token's logprob, with this many alternatives."""
     # vLLM's user grammars (see mlxcore.structured.requested)
     structured_outputs: dict[str, Any] | None = None
     guided_json: dict[str, Any] | str | None = None
@@ -151,16 +153,22 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
 
 
+MAX_PROMPTS = 128
+"""Most prompts one text completion request may batch."""
+
+
 class CompletionRequest(SamplingFields, kw_only=True):
     # msgspec allows one array type per union: the element types are checked in
-    # completions (one string, or token ids).
+    # completions (token ids, strings, or lists of token ids).
     prompt: Annotated[
         Annotated[str, msgspec.Meta(min_length=1)]
-        | Annotated[list[str | int], msgspec.Meta(min_length=1)],
-        # token ids, or one string (msgspec takes one array type per union)
+        | Annotated[list[Any], msgspec.Meta(min_length=1)],
+        # one prompt's token ids, or prompts as strings or as token-id lists
         msgspec.Meta(extra_json_schema={"allOf": [{"anyOf": [
             {"items": PROMPT_TOKEN_ID},
-            {"maxItems": 1, "items": {"type": "string", "minLength": 1}},
+            {"maxItems": MAX_PROMPTS, "items": {"type": "string", "minLength": 1}},
+            {"maxItems": MAX_PROMPTS,
+             "items": {"type": "array", "minItems": 1, "items": PROMPT_TOKEN_ID}},
         ]}]}),
     ]  # fmt: skip
     logprobs: Annotated[int, _range(0, MAX_TOP_LOGPROBS)] | None = None

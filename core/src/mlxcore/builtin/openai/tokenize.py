@@ -1,5 +1,5 @@
-"""``POST /tokenize`` and ``POST /detokenize`` in vLLM's shapes (llama-server's field
-names accepted too).
+"""``POST /tokenize``, ``POST /detokenize`` and ``GET /tokenizer_info`` in vLLM's shapes
+(llama-server's field names accepted too).
 
 ``/tokenize`` takes a ``prompt`` (raw text, as ``/v1/completions`` tokenizes it) or
 ``messages`` (rendered with the model's chat template exactly as ``/v1/chat/completions``
@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import msgspec
-from litestar import Request, post
+from litestar import Request, get, post
 
 from mlxcore import request_builder as builder
 from mlxcore.builtin.openai import convert
@@ -25,6 +25,7 @@ from mlxcore.server.openapi import (
     BODY_OPTION,
     INTEGER,
     PROMPT_TOKEN_ID,
+    QUERY_OPTION,
     REPLIES_OPTION,
     STRING,
     array,
@@ -74,6 +75,20 @@ TOKENIZE_REPLY = obj(
     title="TokenizeResponse",
 )
 DETOKENIZE_REPLY = obj({"prompt": STRING, "content": STRING}, title="DetokenizeResponse")
+_TOKEN = nullable(STRING)
+TOKENIZER_INFO_REPLY = obj(
+    {
+        "tokenizer_class": STRING,
+        "eos_token": _TOKEN,
+        "bos_token": _TOKEN,
+        "pad_token": _TOKEN,
+        "unk_token": _TOKEN,
+        "chat_template": _TOKEN,
+        "model_max_length": nullable(INTEGER),
+        "vocab_size": INTEGER,
+    },
+    title="TokenizerInfo",
+)
 
 
 def _tokenize(svc: GenerationService, body: TokenizeRequest) -> list[int]:
@@ -163,3 +178,39 @@ async def detokenize(request: Request[Any, Any, Any]) -> dict[str, Any]:
     svc = await model_service(request, body.model, task=None)
     text = await svc.prepare(_detokenize, svc, body.tokens)
     return {"prompt": text, "content": text}
+
+
+SPECIAL_TOKENS = ("eos_token", "bos_token", "pad_token", "unk_token")
+
+
+def _special(tokenizer: Any, name: str) -> str | None:
+    value = getattr(tokenizer, name, None)
+    return value if isinstance(value, str) else None
+
+
+@get(
+    "/tokenizer_info",
+    opt={
+        REPLIES_OPTION: {200: reply("the model's tokenizer settings", TOKENIZER_INFO_REPLY)},
+        QUERY_OPTION: {"model": {"type": "string", "description": "a served model name"}},
+    },
+)
+async def tokenizer_info(
+    request: Request[Any, Any, Any], model: str | None = None
+) -> dict[str, Any]:
+    """The tokenizer's special tokens and chat template (vLLM's shape: what
+    lm-evaluation-harness's remote tokenizer reads)."""
+    svc = await model_service(request, model, task=None)
+    tokenizer = svc.runtime.tokenizer
+    template = getattr(tokenizer, "chat_template", None)
+    inner = getattr(tokenizer, "_tokenizer", tokenizer)  # past mlx-lm's wrapper
+    return {
+        "tokenizer_class": type(inner).__name__,
+        **{
+            name: _special(tokenizer, name)
+            for name in ("eos_token", "bos_token", "pad_token", "unk_token")
+        },
+        "chat_template": template if isinstance(template, str) else None,
+        "model_max_length": svc.context_length,
+        "vocab_size": len(tokenizer),
+    }
