@@ -19,6 +19,7 @@ $(UV):
 # The environment lives in .venv/ at the repository root.
 setup: $(UV)
 	$(UV) sync --locked --python python3
+	UV_PROJECT_ENVIRONMENT=$(CURDIR)/.venv-instructor $(UV) sync --locked --project clients/instructor --python python3 --quiet
 	@bash scripts/install-openblas.sh || true
 	$(PY) -c "from mlxcore.models.default import ensure_default_model as e; print(e())"
 
@@ -65,4 +66,4 @@ agent-sessions: setup
 	$(PY) scripts/agent_sessions.py $(ARGS)
 
 clean:
-	rm -rf .venv .tools .pytest_cache .mypy_cache .ruff_cache
+	rm -rf .venv .venv-instructor .tools .pytest_cache .mypy_cache .ruff_cache

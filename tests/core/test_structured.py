@@ -410,13 +410,15 @@ def test_tool_schemas() -> None:
 
 def test_constrained_tool_call_parser() -> None:
     required = ConstrainedToolCallParser(TOOLS, mode="required")
-    assert not required.feed('[{"name": "search", "parameters": ')
+    first = required.feed('[{"name": "search", "parameters": ')
     out = required.feed('{"query": "x", "limit": 2}}]')
-    assert not out
+    assert not (first.content or first.tool_calls or out.content or out.tool_calls)
+    streamed = "".join(p.arguments for p in [*first.call_parts, *out.call_parts])
     done = required.finish()
     assert [(c.name, json.loads(c.arguments)) for c in done.tool_calls] == [
         ("search", {"query": "x", "limit": 2})
     ]
+    assert done.tool_calls[0].arguments.startswith(streamed) and streamed
     named = ConstrainedToolCallParser(TOOLS, mode="named", name="get_weather")
     assert named.parse('{"city": "Oslo", "unit": "celsius"}').tool_calls[0].name == "get_weather"
     truncated = ConstrainedToolCallParser(TOOLS, mode="named", name="get_weather")

@@ -18,7 +18,7 @@ import attrs
 
 from mlxcore.engine.strategies import StepToken
 from mlxcore.output.stops import StopMatcher
-from mlxcore.parsers.base import ParsedDelta, ReasoningParser, ToolCall, ToolParser
+from mlxcore.parsers.base import CallPart, ParsedDelta, ReasoningParser, ToolCall, ToolParser
 from mlxcore.thinking import ThinkingTracker
 
 
@@ -31,10 +31,17 @@ class OutputDelta:
     tool_calls: list[ToolCall] = attrs.field(factory=list)
     logprobs: list[StepToken] = attrs.field(factory=list)
     finish_reason: str | None = None
+    call_parts: list[CallPart] = attrs.field(factory=list)
+    """Tool calls still being written (streaming front ends: :mod:`mlxcore.output.calls`)."""
 
     def __bool__(self) -> bool:
         return bool(
-            self.content or self.reasoning or self.tool_calls or self.logprobs or self.finish_reason
+            self.content
+            or self.reasoning
+            or self.tool_calls
+            or self.call_parts
+            or self.logprobs
+            or self.finish_reason
         )
 
     def extend(self, other: OutputDelta) -> None:
@@ -42,6 +49,7 @@ class OutputDelta:
         self.content += other.content
         self.reasoning += other.reasoning
         self.tool_calls.extend(other.tool_calls)
+        self.call_parts.extend(other.call_parts)
         self.logprobs.extend(other.logprobs)
         self.finish_reason = other.finish_reason or self.finish_reason
 
@@ -139,4 +147,5 @@ class OutputPipeline:
         delta.content += parsed.content
         delta.reasoning += parsed.reasoning
         delta.tool_calls.extend(parsed.tool_calls)
+        delta.call_parts.extend(parsed.call_parts)
         self.saw_tool_call = self.saw_tool_call or bool(parsed.tool_calls)

@@ -38,6 +38,21 @@ class ToolCall:
     id: str = attrs.field(factory=new_tool_call_id)
 
 
+@attrs.frozen
+class CallPart:
+    """A piece of a tool call still being written, for streaming: the call's id and
+    name, and the next fragment of its arguments text. The call's fragments, in order,
+    begin its final :attr:`ToolCall.arguments` (the complete call, with the same id,
+    comes in :attr:`ParsedDelta.tool_calls` when it is decoded)."""
+
+    id: str
+    name: str
+    arguments: str = ""
+    aborted: bool = False
+    """The call will not complete after all (its block turned out malformed or was cut
+    short): streaming front ends end it as incomplete; its text comes as content."""
+
+
 @attrs.define
 class ParsedDelta:
     """What one ``feed``/``finish`` call releases to the client."""
@@ -45,15 +60,18 @@ class ParsedDelta:
     content: str = ""
     reasoning: str = ""
     tool_calls: list[ToolCall] = attrs.field(factory=list)
+    call_parts: list[CallPart] = attrs.field(factory=list)
+    """Calls still being written (see :class:`CallPart`)."""
 
     def __bool__(self) -> bool:
-        return bool(self.content or self.reasoning or self.tool_calls)
+        return bool(self.content or self.reasoning or self.tool_calls or self.call_parts)
 
     def extend(self, other: ParsedDelta) -> None:
         """Append ``other`` to this delta in place."""
         self.content += other.content
         self.reasoning += other.reasoning
         self.tool_calls.extend(other.tool_calls)
+        self.call_parts.extend(other.call_parts)
 
 
 class _Parser(abc.ABC):

@@ -18,12 +18,22 @@ costs time proportional to its length, once.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, Protocol
 
 import attrs
 
 from mlxcore.parsers.base import ToolCall
 from mlxcore.parsers.streaming import BracketScanner, TailFinder
+
+
+class Progress(Protocol):
+    """Follows the call in a pending block (see
+    :class:`mlxcore.parsers.call_progress.ProgressReader`)."""
+
+    def feed(self, text: str) -> tuple[str, str] | None:
+        """Take the block's next text (the opener first); the call's name and a prefix
+        of its final arguments text, or ``None`` when nothing can be streamed yet."""
+
 
 Decoder = Callable[[str, bool], "list[ToolCall] | None"]
 """Decodes a block's text into tool calls, ``None`` when malformed. The flag is
@@ -70,6 +80,9 @@ class Block:
     """The marker that ends the block, when it has a fixed one."""
     inline: bool = False
     """A lone token removed without touching the whitespace around it."""
+    progress: Progress | None = None
+    """Set by a parser whose calls can be streamed while they are written: fed the same
+    text as the block."""
 
     def text(self) -> str:
         """The block's text so far, opener included."""

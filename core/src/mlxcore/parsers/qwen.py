@@ -16,6 +16,7 @@ from __future__ import annotations
 from mlxcore.model_info import ModelInfo
 from mlxcore.parsers.base import ToolCall
 from mlxcore.parsers.blocks import Block, DropBlock, JsonTagBlock, NamedBlock
+from mlxcore.parsers.call_progress import ProgressReader
 from mlxcore.parsers.degraded import DEGRADED_MARKERS, degraded_block
 from mlxcore.parsers.hermes import decode_json_calls
 from mlxcore.parsers.qwen_xml import FUNCTION, FUNCTION_END, decode_xml_functions
@@ -34,15 +35,24 @@ class ToolCallTagParser(StreamingToolParser):
 
     def open_block(self, marker: str) -> Block | None:
         """A block for each ``<tool_call>``, unwrapped ``<function=`` or degraded form."""
+        block: Block | None
         if marker == TOOL_CALL:
-            return JsonTagBlock(marker, TOOL_CALL_END, self.decode_body)
-        if marker == TOOL_CALL_END:
+            block = JsonTagBlock(marker, TOOL_CALL_END, self.decode_body)
+        elif marker == TOOL_CALL_END:
             return DropBlock(marker)
-        if marker == FUNCTION:
+        elif marker == FUNCTION:
             if not self._names:
                 return None
-            return NamedBlock(marker, ">", FUNCTION_END, self.decode_body, self._names)
-        return degraded_block(self, marker)
+            block = NamedBlock(marker, ">", FUNCTION_END, self.decode_body, self._names)
+        else:
+            return degraded_block(self, marker)
+        block.progress = ProgressReader(
+            marker,
+            self._names,
+            lambda name: parameters_of(self.tools, name),
+            unwrapped=FUNCTION if marker == FUNCTION else "",
+        )
+        return block
 
     def decode_body(self, body: str, closed: bool = True) -> list[ToolCall] | None:
         """The calls in one block body (JSON or XML), ``None`` when malformed;

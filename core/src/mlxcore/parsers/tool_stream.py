@@ -21,8 +21,11 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+import attrs
+
 from mlxcore.parsers.base import ParsedDelta, ToolCall, ToolParser
-from mlxcore.parsers.blocks import Block
+from mlxcore.parsers.blocks import Block, Verdict
+from mlxcore.parsers.call_progress import CallSender
 from mlxcore.parsers.schema_types import conform_arguments, parameters_of
 from mlxcore.parsers.streaming import MarkerSet, WhitespaceGate
 
@@ -52,6 +55,7 @@ class StreamingToolParser(ToolParser):
         self._gate = WhitespaceGate()
         self._line_blank = True
         self._out = ParsedDelta()
+        self._sender = CallSender()  # the open block's call, when streamed
         self.log = logging.getLogger(f"mlxcore.parsers.{self.name}")
 
     # -- for subclasses ------------------------------------------------------
@@ -104,6 +108,7 @@ class StreamingToolParser(ToolParser):
         while True:
             if self._block is not None:
                 if not self._resolve(work, final):
+                    self._stream_progress(self._block, work)
                     return
                 work = self._rest
                 continue
@@ -134,6 +139,8 @@ class StreamingToolParser(ToolParser):
             return False
         text = block.text()
         self._block = None
+        if self._sender.sent is not None:
+            verdict = self._end_streamed(verdict)
         if verdict.kind == "reject":
             self._content(text[0])
             self._rest = text[1:]
@@ -158,3 +165,30 @@ class StreamingToolParser(ToolParser):
         else:
             self.log.debug("dropped control markup %.80r", head)
         return True
+
+    # -- calls streamed while they are written -------------------------------------
+
+    def _stream_progress(self, block: Block, new: str) -> None:
+        """Send the open block's call name and new argument text, if it can tell them."""
+        if block.progress is not None:
+            self._out.call_parts.extend(self._sender.update(block.progress.feed(new)))
+
+    def _end_streamed(self, verdict: Verdict) -> Verdict:
+        """The block of a call whose start was streamed is decided. Its first call
+        continues what was sent: it keeps the streamed id. Otherwise (a malformed or
+        truncated block, or other arguments after all) the streamed call is aborted:
+        streaming clients see it end incomplete, and the block is then handled as if
+        nothing had been streamed (its text becomes content, as in a non-streamed
+        answer)."""
+        name = self._sender.sent.name if self._sender.sent else ""
+        calls, aborted = self._sender.settle(verdict.calls)
+        if aborted is None:
+            return attrs.evolve(verdict, calls=tuple(calls))
+        self.log.warning(
+            "%s tool call %s was streamed but its block ended %s: the streamed call is aborted",
+            self.name,
+            name,
+            verdict.reason or verdict.kind if not calls else "with other arguments",
+        )
+        self._out.call_parts.append(aborted)
+        return verdict

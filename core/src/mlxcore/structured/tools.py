@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from mlxcore.parsers.base import ParsedDelta, ToolCall, ToolParser
+from mlxcore.parsers.call_progress import CallSender, ProgressReader
 from mlxcore.structured.constraints import ConstraintError, JsonSchema, validate
 from mlxcore.structured.finite import infinite_path
 
@@ -195,18 +196,31 @@ class ConstrainedToolCallParser(ToolParser):
         self.mode = mode
         self.function = name
         self._text: list[str] = []
+        self._reader = ProgressReader(
+            "",
+            self.tool_names() if mode == "required" else {name or ""},
+            lambda _: {},  # the arguments are taken as generated: nothing to conform
+            arguments_of=name if mode == "named" else None,
+        )
+        self._sender = CallSender()
 
     def feed(self, text: str) -> ParsedDelta:
-        """Hold ``text`` until :meth:`finish`."""
+        """Hold ``text`` until :meth:`finish`; stream the (first) call as it is written."""
         self._text.append(text)
-        return ParsedDelta()
+        return ParsedDelta(call_parts=self._sender.update(self._reader.feed(text)))
 
     def finish(self) -> ParsedDelta:
-        """The calls the whole output describes, or the output as content."""
+        """The calls the whole output describes, or the output as content (a streamed
+        call then aborted)."""
         text = "".join(self._text)
         self._text = []
-        calls = self.calls(text)
-        return ParsedDelta(content=text) if calls is None else ParsedDelta(tool_calls=calls)
+        calls, aborted = self._sender.settle(self.calls(text) or [])
+        if aborted is not None or not calls:
+            parts = [aborted] if aborted is not None else []
+            if calls:  # other arguments than streamed: the calls still count
+                return ParsedDelta(tool_calls=calls, call_parts=parts)
+            return ParsedDelta(content=text, call_parts=parts)
+        return ParsedDelta(tool_calls=calls)
 
     def calls(self, text: str) -> list[ToolCall] | None:
         """The tool calls in ``text``, or ``None`` when it is not the expected JSON."""

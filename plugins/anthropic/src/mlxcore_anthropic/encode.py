@@ -9,6 +9,7 @@ import msgspec
 
 from mlxcore.engine.events import Usage
 from mlxcore.output import OutputDelta, OutputPipeline
+from mlxcore.output.calls import CallStream
 from mlxcore.parsers.base import ToolCall
 from mlxcore.server.errors import APIError
 from mlxcore_anthropic.convert import tool_input
@@ -33,7 +34,12 @@ def new_message_id() -> str:
 
 def tool_use_id(call: ToolCall) -> str:
     """Anthropic-style id for a tool call (``toolu_...``)."""
-    return call.id if call.id.startswith("toolu_") else "toolu_" + call.id.removeprefix("call_")
+    return anthropic_id(call.id)
+
+
+def anthropic_id(call_id: str) -> str:
+    """A tool call id in Anthropic's style (``toolu_...``)."""
+    return call_id if call_id.startswith("toolu_") else "toolu_" + call_id.removeprefix("call_")
 
 
 def stop_reason(finish: str | None, pipeline: OutputPipeline) -> tuple[str, str | None]:
@@ -101,6 +107,7 @@ class EventWriter:
         self.show_thinking = show_thinking
         self.index = -1
         self.open_kind: str | None = None
+        self.calls = CallStream()
 
     def _close(self) -> list[bytes]:
         if self.open_kind is None:
@@ -131,11 +138,15 @@ class EventWriter:
             if self.open_kind != "text":
                 out += self._open("text", {"type": "text", "text": ""})
             out.append(self._delta({"type": "text_delta", "text": d.content}))
-        for call in d.tool_calls:
-            block = {"type": "tool_use", "id": tool_use_id(call), "name": call.name, "input": {}}
-            out += self._open("tool_use", block)
-            out.append(self._delta({"type": "input_json_delta", "partial_json": call.arguments}))
-            out += self._close()
+        for call in self.calls.events(d):
+            if call.kind == "open":
+                block = {"type": "tool_use", "id": anthropic_id(call.id), "name": call.name,
+                         "input": {}}  # fmt: skip
+                out += self._open("tool_use", block)
+            elif call.kind == "arguments":
+                out.append(self._delta({"type": "input_json_delta", "partial_json": call.text}))
+            else:  # closed, or aborted (its text follows as a text block)
+                out += self._close()
         return out
 
     def close(self) -> list[bytes]:

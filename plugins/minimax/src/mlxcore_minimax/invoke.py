@@ -20,11 +20,22 @@ from __future__ import annotations
 
 import re
 
+from mlxcore.parsers.call_progress import Markup
+
 INVOKE = "<invoke"
 INVOKE_END = "</invoke>"
 PARAMETER = "<parameter"
 PARAMETER_END = "</parameter>"
 _ATTR = re.compile(r"""\s+name\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s>]+))\s*>""")
+
+MARKUP = Markup(
+    re.compile(re.escape(INVOKE) + _ATTR.pattern),
+    re.compile(re.escape(PARAMETER) + _ATTR.pattern),
+    PARAMETER,
+    PARAMETER_END,
+    (PARAMETER, PARAMETER_END, INVOKE_END),
+)
+"""The format for streaming a call while it is written (:mod:`mlxcore.parsers.call_progress`)."""
 
 
 def decode_invokes(text: str, *, strict: bool = False) -> list[tuple[str, dict[str, str]]] | None:

@@ -21,12 +21,13 @@ from __future__ import annotations
 from mlxcore.model_info import ModelInfo
 from mlxcore.parsers.base import ToolCall
 from mlxcore.parsers.blocks import Block, DropBlock, NamedBlock, TagBlock
+from mlxcore.parsers.call_progress import ProgressReader
 from mlxcore.parsers.degraded import DEGRADED_MARKERS, degraded_block
 from mlxcore.parsers.hermes import decode_json_calls
 from mlxcore.parsers.qwen_xml import FUNCTION, decode_xml_functions
 from mlxcore.parsers.schema_types import coerce_arguments, parameters_of
 from mlxcore.parsers.tool_stream import StreamingToolParser
-from mlxcore_minimax.invoke import INVOKE, INVOKE_END, decode_invokes
+from mlxcore_minimax.invoke import INVOKE, INVOKE_END, MARKUP, decode_invokes
 
 TOOL_CALL = "<minimax:tool_call>"
 TOOL_CALL_END = "</minimax:tool_call>"
@@ -53,16 +54,30 @@ class MiniMaxM2ToolParser(StreamingToolParser):
     def open_block(self, marker: str) -> Block | None:
         """A block per native call, stray closer and degraded form."""
         if marker == TOOL_CALL:
-            return TagBlock(marker, TOOL_CALL_END, self.decode_body)
+            block: Block = TagBlock(marker, TOOL_CALL_END, self.decode_body)
+            block.progress = self._reader(marker)
+            return block
         if marker == TOOL_CALL_END:
             return DropBlock(marker)
         if not self._names:
             return None
         if marker == INVOKE_OPENER:
-            return NamedBlock(marker, ">", INVOKE_END, self.decode_body, self._names, unquote=True)
+            block = NamedBlock(marker, ">", INVOKE_END, self.decode_body, self._names, unquote=True)
+            block.progress = self._reader(marker, unwrapped=INVOKE_OPENER)
+            return block
         if marker == QWEN_TOOL_CALL:
             return TagBlock(marker, QWEN_TOOL_CALL_END, self.decode_qwen_body)
         return degraded_block(self, marker)
+
+    def _reader(self, marker: str, unwrapped: str = "") -> ProgressReader:
+        """Streams the first ``<invoke>`` of a block while it is written."""
+        return ProgressReader(
+            marker,
+            self._names,
+            lambda name: parameters_of(self.tools, name),
+            unwrapped=unwrapped,
+            markup=MARKUP,
+        )
 
     def decode_body(self, body: str, closed: bool = True) -> list[ToolCall] | None:
         """The invokes of one block, typed by the schema; ``None`` when malformed."""

@@ -19,12 +19,13 @@ from mlxcore.builtin.openai.encode import (
     running_usage,
     sse,
     tool_call_body,
-    tool_call_head,
+    tool_call_part,
     usage_body,
 )
 from mlxcore.builtin.openai.replies import CHAT_COMPLETION, CHAT_EVENTS
 from mlxcore.builtin.openai.schemas import ChatCompletionRequest, StreamOptions
 from mlxcore.output import OutputDelta
+from mlxcore.output.calls import CallStream
 from mlxcore.request_builder import ChatPrompt, RequestSpec
 from mlxcore.server.frontend import (
     decode_request,
@@ -169,7 +170,7 @@ async def _stream(
 
     for index in range(len(gens)):
         yield chunk(index, {"role": "assistant", "content": ""})
-    tool_index = [0] * len(gens)
+    calls = [CallStream() for _ in gens]
     async for index, d in merge_streams(streams):
         if scored is not None and index == 0:  # once the prefill scored the prompt
             yield chunk(0, {}, prompt_logprobs=scored.vllm_prompt(gens[0].prompt_logprobs or []))
@@ -182,12 +183,11 @@ async def _stream(
         lp = logprobs.chat(d.logprobs) if logprobs and d.logprobs else None
         if delta or lp is not None:
             yield chunk(index, delta, None, lp)
-        for call in d.tool_calls:
-            # as OpenAI streams them: id and name first, then the argument text
-            head, arguments = tool_call_head(call, tool_index[index])
-            yield chunk(index, {"tool_calls": [head]})
-            yield chunk(index, {"tool_calls": [arguments]})
-            tool_index[index] += 1
+        for event in calls[index].events(d):
+            # as OpenAI streams them: id and name first, then argument fragments
+            part = tool_call_part(event)
+            if part is not None:
+                yield chunk(index, {"tool_calls": [part]})
         if d.finish_reason is not None:
             yield chunk(index, {}, d.finish_reason)
     if options.include_usage:

@@ -11,6 +11,7 @@ import msgspec
 
 from mlxcore.engine.events import Usage
 from mlxcore.engine.strategies import StepToken
+from mlxcore.output.calls import CallEvent
 from mlxcore.parsers.base import ToolCall
 from mlxcore.server.sse import EventStream, event_stream
 
@@ -65,16 +66,19 @@ def tool_call_body(call: ToolCall, index: int) -> dict[str, Any]:
     }
 
 
-def tool_call_head(call: ToolCall, index: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A streamed tool call's two deltas: id, type and name (empty arguments), then
-    the arguments text."""
-    head = {
-        "index": index,
-        "id": call.id,
-        "type": "function",
-        "function": {"name": call.name, "arguments": ""},
-    }
-    return head, {"index": index, "function": {"arguments": call.arguments}}
+def tool_call_part(event: CallEvent) -> dict[str, Any] | None:
+    """A streamed tool call's delta for one :class:`CallEvent`: id, type and name (empty
+    arguments) when it opens, then each argument fragment; nothing when it closes."""
+    if event.kind == "open":
+        return {
+            "index": event.index,
+            "id": event.id,
+            "type": "function",
+            "function": {"name": event.name, "arguments": ""},
+        }
+    if event.kind == "arguments":
+        return {"index": event.index, "function": {"arguments": event.text}}
+    return None
 
 
 class LogprobEncoder:

@@ -16,7 +16,7 @@ import msgspec
 
 from mlxcore.builtin.openai.responses.items import encode_reasoning
 from mlxcore.output import OutputDelta
-from mlxcore.parsers.base import ToolCall
+from mlxcore.output.calls import CallEvent, CallStream
 
 
 def new_item_id(prefix: str) -> str:
@@ -50,6 +50,8 @@ class OutputWriter:
         self.encrypted_reasoning = encrypted_reasoning
         self._open: dict[str, Any] | None = None  # the item being streamed
         self._text = ""
+        self._call_stream = CallStream()
+        self._calls: dict[str, dict[str, Any]] = {}  # open function_call items by call id
 
     # -- events --------------------------------------------------------------------
 
@@ -151,24 +153,40 @@ class OutputWriter:
             }
         )
 
-    def _call(self, call: ToolCall) -> None:
-        self.close()
-        item: dict[str, Any] = {
-            "type": "function_call",
-            "id": new_item_id("fc"),
-            "call_id": call.id,
-            "name": call.name,
-            "arguments": "",
-            "status": "in_progress",
-        }
-        if call.name in self.namespaces:
-            item["namespace"] = self.namespaces[call.name]
-        self._start(item)
-        self._open = None
-        base = {"item_id": item["id"], "output_index": self._index}
-        self.emit(
-            {"type": "response.function_call_arguments.delta", **base, "delta": call.arguments}
-        )
+    def _call(self, event: CallEvent) -> None:
+        """A function call item: added when the call opens, argument deltas as they
+        come, done when it closes."""
+        if event.kind == "open":
+            self.close()
+            item: dict[str, Any] = {
+                "type": "function_call",
+                "id": new_item_id("fc"),
+                "call_id": event.id,
+                "name": event.name,
+                "arguments": "",
+                "status": "in_progress",
+            }
+            if event.name in self.namespaces:
+                item["namespace"] = self.namespaces[event.name]
+            self._start(item)
+            self._open = None
+            self._calls[event.id] = item
+            return
+        item = self._calls[event.id]
+        base = {"item_id": item["id"], "output_index": self.output.index(item)}
+        if event.kind == "arguments":
+            self.emit(
+                {"type": "response.function_call_arguments.delta", **base, "delta": event.text}
+            )
+            return
+        del self._calls[event.id]
+        if event.kind == "abort":  # its text follows as a message
+            item["status"] = "incomplete"
+            done = {"type": "response.output_item.done", "output_index": base["output_index"]}
+            self.emit({**done, "item": _copy(item)})
+            return
+        call = event.call
+        assert call is not None
         self.emit(
             {
                 "type": "response.function_call_arguments.done",
@@ -192,8 +210,8 @@ class OutputWriter:
             self._delta("reasoning", delta.reasoning)
         if delta.content:
             self._delta("message", delta.content)
-        for call in delta.tool_calls:
-            self._call(call)
+        for event in self._call_stream.events(delta):
+            self._call(event)
 
     def finish(self, incomplete: bool) -> None:
         """Close the open item; an incomplete response leaves its last item incomplete."""
