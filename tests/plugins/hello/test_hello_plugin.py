@@ -1,15 +1,16 @@
 """The example third-party plugin in examples/hello-plugin, installed for real.
 
-A module fixture builds and installs the distribution into the running environment
-(as a user would), and uninstalls it afterwards; the tests then go through entry-point
+A module fixture builds and installs the distribution (as a user would) into a folder of
+its own, put on this process's ``sys.path`` and the ``PYTHONPATH`` of the commands it
+runs: only these tests see it. (Installed into the shared environment, it was visible to
+every process the other test workers started, and one that started while the files
+were being replaced failed to import it.) The tests then go through entry-point
 discovery, the ``mlxcore`` command and the plugin facade exactly as a user's plugin
 would.
 """
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import importlib
 import importlib.metadata as md
 import importlib.util
@@ -19,8 +20,6 @@ import re
 import shutil
 import subprocess
 import sys
-import sysconfig
-import tempfile
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,49 +52,39 @@ def installer() -> list[str]:
     return [sys.executable, "-m", "pip"]
 
 
-def run_installer(action: str) -> None:
-    """``install`` (a fresh build of the example) or ``uninstall`` it, in this venv."""
+def install_into(target: Path) -> None:
+    """A fresh build of the example installed into ``target`` (no dependencies: mlxcore
+    is already importable)."""
     cmd = installer()
-    if cmd[0] != sys.executable:  # uv: name the venv, rebuild even if a build is cached
-        target = ["--python", sys.executable]
-        args = {
-            "install": [*cmd, "install", *target, "--reinstall-package", DIST, str(EXAMPLE)],
-            "uninstall": [*cmd, "uninstall", *target, DIST],
-        }[action]
+    if cmd[0] != sys.executable:  # uv: rebuild even if a build is cached
+        args = [*cmd, "install", "--python", sys.executable, "--target", str(target),
+                "--no-deps", "--reinstall-package", DIST, str(EXAMPLE)]  # fmt: skip
     else:
-        args = {
-            "install": [*cmd, "install", "--force-reinstall", "--no-deps", str(EXAMPLE)],
-            "uninstall": [*cmd, "uninstall", "-y", DIST],
-        }[action]
+        args = [*cmd, "install", "--target", str(target), "--no-deps", str(EXAMPLE)]
     done = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"{' '.join(args)} failed:\n{done.stderr}"
 
 
-@pytest.fixture(scope="module")
-def hello_installed() -> Iterator[None]:
-    """mlxcore-hello installed in the running venv for this module's tests.
+INSTALLED: list[Path] = []
+"""The folder the example is installed in, while this module's tests run."""
 
-    Test processes sharing the venv (pytest-xdist workers) hold a shared lock while
-    they use the plugin; only the last one to finish uninstalls it.
-    """
-    key = hashlib.sha1(sys.prefix.encode()).hexdigest()[:12]
-    lock_path = Path(tempfile.gettempdir()) / f"mlxcore-hello-test-{key}.lock"
-    with lock_path.open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        run_installer("install")
-        fcntl.flock(lock, fcntl.LOCK_SH)
+
+@pytest.fixture(scope="module")
+def hello_installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """mlxcore-hello installed for this module's tests (this process and the commands
+    they run), nowhere else."""
+    target = tmp_path_factory.mktemp("hello-plugin")
+    install_into(target)
+    sys.path.insert(0, str(target))
+    INSTALLED.append(target)
+    importlib.invalidate_caches()
+    try:
+        yield
+    finally:
+        sys.modules.pop("mlxcore_hello", None)
+        sys.path.remove(str(target))
+        INSTALLED.remove(target)
         importlib.invalidate_caches()
-        try:
-            yield
-        finally:
-            sys.modules.pop("mlxcore_hello", None)
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                pass  # another test process still uses the plugin and will uninstall it
-            else:
-                run_installer("uninstall")
-            importlib.invalidate_caches()
 
 
 @pytest.fixture
@@ -115,6 +104,9 @@ def parser_cls(hello_hooks: PluginHooks) -> type[ToolParser]:
 def mlxcore(*args: str) -> subprocess.CompletedProcess[str]:
     """Run the ``mlxcore`` command with this interpreter, plugin env vars cleared."""
     env = {k: v for k, v in os.environ.items() if k not in PLUGIN_ENV}
+    if INSTALLED:
+        inherited = [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []
+        env["PYTHONPATH"] = os.pathsep.join([str(INSTALLED[-1]), *inherited])
     return subprocess.run(
         [sys.executable, "-m", "mlxcore", *args],
         capture_output=True,
@@ -211,8 +203,7 @@ def test_enabled_plugin_registers_installed_parser(hello_hooks: PluginHooks) -> 
     assert registry.plugin_of("hello") == "hello"
     module = sys.modules[registry.get("hello").__module__]
     assert module.__name__ == "mlxcore_hello"
-    purelib = Path(sysconfig.get_paths()["purelib"]).resolve()
-    assert Path(module.__file__ or "").resolve().is_relative_to(purelib)
+    assert Path(module.__file__ or "").resolve().is_relative_to(INSTALLED[-1].resolve())
 
 
 def test_option_flows_to_configure(hello_hooks: PluginHooks) -> None:
