@@ -94,8 +94,9 @@ def cut(text: str, rng: random.Random) -> list[str]:
 def test_fragments_begin_the_final_arguments_and_come_early(make: Any, write: Any) -> None:
     rng = random.Random(5)
     early = 0
-    for _ in range(150):
-        args = random_arguments(rng)
+    tricky = [{"path": "<x", "text": "<b>bold</b> and <"}, {"text": "\n\n<\r\n", "path": "<"}]
+    for i in range(300):
+        args = tricky[i] if i < len(tricky) else random_arguments(rng)
         steps, last = run(make(TOOLS), cut("Sure. " + write(args), rng))
         calls = [c for s in [*steps, last] for c in s.tool_calls]
         assert len(calls) == 1, calls
@@ -107,7 +108,7 @@ def test_fragments_begin_the_final_arguments_and_come_early(make: Any, write: An
         assert call.arguments.startswith(streamed)
         before = "".join(p.arguments for s in steps for p in s.call_parts)
         early += len(before) >= len(call.arguments) // 2
-    assert early >= 140  # most of each call streamed before the call completed
+    assert early >= 270  # most of each call streamed before the call completed
 
 
 def test_a_call_cut_short_is_aborted_and_its_text_is_content() -> None:

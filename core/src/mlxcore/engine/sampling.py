@@ -166,14 +166,16 @@ def prompt_token_logprobs(logits: mx.array, targets: mx.array, top: int) -> list
     """The logprob, rank and ``top`` best alternatives of each of ``targets`` (n,) under
     the matching row of ``logits`` (n, vocab): the prompt logprobs of one prefill chunk.
     Computed in float32; one evaluation for the whole chunk."""
-    logprobs = logits.astype(mx.float32)
-    logprobs = logprobs - mx.logsumexp(logprobs, axis=-1, keepdims=True)
-    chosen = mx.take_along_axis(logprobs, targets[:, None], axis=-1)
-    ranks = (logprobs > chosen).sum(axis=-1) + 1
-    arrays = [chosen[:, 0], ranks]
+    logits = logits.astype(mx.float32)
+    # no (n, vocab) logprobs matrix: each value is its logit minus the row's logsumexp,
+    # and the order (rank, top) is the logits' own
+    norm = mx.logsumexp(logits, axis=-1, keepdims=True)
+    mine = mx.take_along_axis(logits, targets[:, None], axis=-1)
+    ranks = (logits > mine).sum(axis=-1) + 1
+    arrays = [(mine - norm)[:, 0], ranks]
     if top > 0:
-        best = mx.argpartition(-logprobs, kth=top - 1, axis=-1)[:, :top]
-        arrays += [best, mx.take_along_axis(logprobs, best, axis=-1)]
+        best = mx.argpartition(-logits, kth=top - 1, axis=-1)[:, :top]
+        arrays += [best, mx.take_along_axis(logits, best, axis=-1) - norm]
     mx.eval(arrays)
     ids: list[int] = targets.tolist()  # type: ignore[assignment]
     values: list[float] = arrays[0].tolist()  # type: ignore[assignment]

@@ -56,14 +56,32 @@ def arguments_prefix(
     return text
 
 
+READ_STEP = 24
+"""Characters a pending call's body grows by, at least, before it is read again (a few
+tokens: a small call still streams in several fragments, and reading costs tens of
+microseconds)."""
+
+_JSON_TRIGGERS = re.compile(r'["{},\]]')
+"""Characters without which new JSON text cannot complete a name or a member, or open
+the arguments or a string."""
+_MARKUP_TRIGGERS = re.compile(">")
+"""Without a ``>``, new tag-format text completes no tag."""
+_JSON_ENDS_STRING = re.compile(r'["\\]')
+"""What may end (or escape inside) the JSON string being written."""
+_MARKUP_ENDS_VALUE = re.compile(r"[<\r\n]")
+"""What may end the tag-format value being written (or be held back at its end)."""
+
+
 class ProgressReader:
     """Follows one pending ``<tool_call>``-style block as its text arrives: the name and
     streamable arguments prefix of the call in it (JSON or XML body), for known tools.
 
     Cheap however long the call: while a string value is being written, new text that
     cannot end it (no quote or backslash in JSON; no ``<`` or line break in XML) extends
-    the prefix directly; otherwise the body is read again, at most each time it grew by
-    1/16 of its length (so the total work stays linear).
+    the prefix directly; text that can complete nothing (no quote, brace, bracket or
+    comma in JSON; no ``>`` in tags) is only kept; otherwise the body is read again, at
+    most each time it grew by :data:`READ_STEP` characters or 1/16 of its length (so the
+    total work stays linear).
 
     Args:
         opener: the block's opening marker (the first text fed starts with it).
@@ -110,8 +128,8 @@ class ProgressReader:
             return self._answer()
         self._chunks.append(text)
         self._size += len(text)
-        danger = ("<", "\r", "\n") if self._xml else ('"', "\\")
-        if self._extendable and not any(d in text for d in danger):
+        ends = _MARKUP_ENDS_VALUE if self._xml else _JSON_ENDS_STRING
+        if self._extendable and ends.search(text) is None:
             assert self._found is not None and self._found.open_member is not None
             key, value = self._found.open_member
             self._found = attrs.evolve(self._found, open_member=(key, value + text))
@@ -119,7 +137,11 @@ class ProgressReader:
             self._read_at = self._size
             return self._answer()
         self._extendable = False  # until the body is read again
-        if self._size - self._read_at >= max(8, self._read_at // 16):
+        open_value = self._found is not None and self._found.open_member is not None
+        triggers = _MARKUP_TRIGGERS if self._xml else _JSON_TRIGGERS
+        if not open_value and triggers.search(text) is None:
+            return self._answer()  # nothing that completes a name, a member or a tag
+        if self._size - self._read_at >= max(READ_STEP, self._read_at // 16):
             self._read()
         return self._answer()
 
@@ -146,8 +168,11 @@ class ProgressReader:
         self._extendable = open_member is not None and (
             _is_string(props.get(open_member[0])) or not props
         )
-        if self._xml and self._extendable:  # nothing held back: the value is the raw tail
-            self._extendable = body.endswith(open_member[1]) if open_member else False
+        if self._xml and self._extendable and open_member is not None:
+            # only when nothing is held back: the value is all the text after its tag
+            raw = body[body.rfind(">") + 1 :]
+            raw = raw[2:] if raw.startswith("\r\n") else raw[1:] if raw.startswith("\n") else raw
+            self._extendable = raw == open_member[1]
         elif self._extendable:  # no escape left unfinished at the end of the body
             self._extendable = "\\" not in body[-12:]
 
