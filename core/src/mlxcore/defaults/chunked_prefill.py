@@ -19,9 +19,13 @@ from mlxcore.engine.strategies import (
     StepToken,
 )
 
-SCORED_CHUNK = 512
-"""Most prompt tokens per chunk when their logprobs are computed (the chunk's logits,
-``tokens x vocabulary``, are materialised: 512 x 151,936 float32 is 311 MB)."""
+SCORED_ELEMENTS = 1 << 25
+"""Most logits (``tokens x vocabulary``) one chunk materialises when a request asks for
+its prompt's logprobs: 33.5 M float32 values, 134 MB (221 tokens of a 151,936-token
+vocabulary; a chunk holds at least 16 tokens and at most ``step_size``)."""
+
+FIRST_SCORED_CHUNK = 16
+"""The first scored chunk's size, before the vocabulary is known from its logits."""
 
 BATCH_OPTION = "batched_prefill"
 """Request option: ``{"batched_prefill": false}`` keeps a request out of batched prefill."""
@@ -83,7 +87,7 @@ class ChunkedPrefill(PrefillStrategy):
         done = 0
         top = task.request.sampling.prompt_logprobs
         scored: list[StepToken] | None = None if top is None else []
-        step = self.step_size if top is None else min(self.step_size, SCORED_CHUNK)
+        step = self.step_size if top is None else min(self.step_size, FIRST_SCORED_CHUNK)
         while done < body:
             stops = [c - task.start for c in task.checkpoints]  # may grow between chunks
             n = min(task.step_tokens or step, step, body - done)
@@ -97,6 +101,8 @@ class ChunkedPrefill(PrefillStrategy):
             if scored is not None and top is not None:
                 targets = tokens[0, done + 1 : done + n + 1]
                 scored += prompt_token_logprobs(out[0], targets, top)
+                vocab = int(out.shape[-1])
+                step = min(self.step_size, max(FIRST_SCORED_CHUNK, SCORED_ELEMENTS // vocab))
             done += n
             if done in stops and task.snapshot is not None:
                 task.snapshot(task.start + done)
