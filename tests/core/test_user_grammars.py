@@ -8,7 +8,6 @@ so output that fits shows the constraint at work."""
 from __future__ import annotations
 
 import json
-import queue
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,12 +15,9 @@ from typing import Any
 
 import pytest
 
-from mlxcore.config import ServerConfig
-from mlxcore.engine.events import Event, FinishEvent, TokenEvent
+from mlxcore.engine.events import FinishEvent
 from mlxcore.engine.request import GenerationRequest, SamplingParams
-from mlxcore.hooks import PluginHooks
-from mlxcore.plugins import PluginSelection, create_plugin_manager, load_plugins
-from mlxcore.runtime import Runtime, build_runtime
+from mlxcore.runtime import Runtime
 from mlxcore.structured import (
     OPTION,
     Choice,
@@ -31,6 +27,7 @@ from mlxcore.structured import (
     from_response_format,
     structured_outputs_constraint,
 )
+from mlxcore.testing.runtime import make_runtime, submit_together
 
 SAMPLINGS = [
     pytest.param(SamplingParams(), id="greedy"),
@@ -81,33 +78,18 @@ def rt(
     request: pytest.FixtureRequest, tiny_qwen3: Path, tiny_qwen3_5: Path, tiny_gemma4: Path
 ) -> Iterator[Runtime]:
     folder = {"qwen3": tiny_qwen3, "qwen3_5": tiny_qwen3_5, "gemma4": tiny_gemma4}[request.param]
-    pm = create_plugin_manager()
-    load_plugins(pm, PluginSelection(enable=("mlxcore.builtin.structured",), autoload=False))
-    hooks = PluginHooks(pm)
-    config = ServerConfig(model=str(folder))
-    hooks.configure(config)
-    runtime = build_runtime(config, hooks)
+    runtime = make_runtime(folder)
     yield runtime
     runtime.engine.shutdown()
 
 
 def run_all(rt: Runtime, requests: list[GenerationRequest]) -> list[tuple[str, FinishEvent]]:
-    """Submit every request before waiting, so they share the running batch."""
-    sinks: list[queue.SimpleQueue[Event]] = []
-    for req in requests:
-        sinks.append(queue.SimpleQueue())
-        rt.engine.submit(req, sinks[-1].put)
+    """Every request in one batch: its text (end of sequence left out) and finish."""
     out = []
-    for sink in sinks:
-        tokens: list[int] = []
-        while True:
-            event = sink.get(timeout=120)
-            if isinstance(event, TokenEvent):
-                tokens.extend(t.token for t in event.tokens)
-            elif isinstance(event, FinishEvent):
-                break
-        kept = [t for t in tokens if t not in rt.info.eos_token_ids]
-        out.append((rt.tokenizer.decode(kept), event))
+    for res in submit_together(rt, requests):
+        assert res.finish is not None
+        kept = [t for t in res.tokens if t not in rt.info.eos_token_ids]
+        out.append((rt.tokenizer.decode(kept), res.finish))
     return out
 
 
