@@ -22,9 +22,10 @@ PROMPTS = [
 
 
 def request_for(i: int, rng: random.Random, max_tokens: int = 16) -> tuple[str, dict[str, Any]]:
-    """A realistic mixed request: chat (streamed or not, greedy or sampled), a text
-    completion, an Anthropic message, a Responses API response, or embeddings (which the
-    engine runs between the steps of the others)."""
+    """A realistic mixed request: chat (streamed or not, greedy or sampled, some with a
+    regex grammar or a thinking budget), a text completion (some scoring their prompt,
+    some with two prompts), an Anthropic message, a Responses API response, or
+    embeddings (which the engine runs between the steps of the others)."""
     prompt = PROMPTS[i % len(PROMPTS)] + f" (#{i})"
     kind = i % 7
     if kind == 6:
@@ -40,6 +41,11 @@ def request_for(i: int, rng: random.Random, max_tokens: int = 16) -> tuple[str, 
         return "/v1/responses", body
     if kind == 3:
         body = {"prompt": prompt, "max_tokens": max_tokens, "stream": rng.random() < 0.5}
+        extra = rng.random()
+        if extra < 0.2:  # scored in the prefill: echo with logprobs, or vLLM's field
+            body.update({"echo": True, "logprobs": 1} if extra < 0.1 else {"prompt_logprobs": 2})
+        elif extra < 0.3:  # several prompts in one request
+            body["prompt"] = [prompt, prompt + " Again."]
         return "/v1/completions", body
     if kind == 4:
         body = {
@@ -57,6 +63,10 @@ def request_for(i: int, rng: random.Random, max_tokens: int = 16) -> tuple[str, 
     }
     if kind == 2:
         body["top_k"] = 40
+        if rng.random() < 0.3:  # a user grammar, compiled before admission
+            body["guided_regex"] = "(yes|no), [a-z ]{1,24}"
+        elif rng.random() < 0.3:
+            body["thinking_token_budget"] = 4
     return "/v1/chat/completions", body
 
 

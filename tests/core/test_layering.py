@@ -32,6 +32,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "mlxcore.parsers": (*UP, "mlxcore.engine", "mlxcore.hooks", "mlxcore.builtin"),
     "mlxcore.output": (*UP, "mlxcore.hooks", "mlxcore.builtin"),
     "mlxcore.structured": (*UP, "mlxcore.hooks", "mlxcore.builtin"),
+    "mlxcore.thinking": (*UP, *PLUGIN_SIDE, "mlxcore.request_builder", "mlxcore.engine"),
     "mlxcore.runtime": (*UP, "mlxcore.builtin", "mlxcore.request_builder"),
     "mlxcore.request_builder": (*UP, "mlxcore.builtin"),
     "mlxcore.hooks": (*UP, "mlxcore.builtin"),

@@ -16,7 +16,7 @@ from mlxcore.model_info import ModelInfo
 from mlxcore.thinking import OPTION, ThinkingBudget, ThinkingBudgetProcessor
 
 
-@hookimpl
+@hookimpl(trylast=True)
 def mlxcore_logits_processors(
     request: GenerationRequest, info: ModelInfo
 ) -> list[LogitsProcessor] | None:
