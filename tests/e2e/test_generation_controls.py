@@ -226,5 +226,3 @@ def test_tokenizer_info_is_what_lm_eval_s_remote_tokenizer_reads(
     assert info["eos_token"] == tokenizer.eos_token
     assert "messages" in info["chat_template"]  # the template the server renders with
     assert info["vocab_size"] == len(tokenizer) and isinstance(info["model_max_length"], int)
-    missing = httpx.get(scripted_server.base_url + "/tokenizer_info?model=nope", timeout=30)
-    assert missing.status_code in (200, 404)  # the scripted server accepts any name

@@ -187,13 +187,18 @@ def encode(rt: Runtime, text: str, field: str = "prompt") -> list[int]:
     return ids
 
 
-def render_prompt(rt: Runtime, prompt: ChatPrompt) -> RenderedPrompt:
-    """Render and tokenize a chat prompt; a template that refuses the messages is a
-    request error on ``messages``."""
+def check_chat_size(rt: Runtime, prompt: ChatPrompt) -> None:
+    """:func:`check_prompt_size` for a chat prompt's messages and tools."""
     try:
         check_prompt_size(rt, _text_size(prompt.messages) + _text_size(prompt.tools))
     except RecursionError:
         raise rejected("the messages are nested too deeply", "messages") from None
+
+
+def render_prompt(rt: Runtime, prompt: ChatPrompt) -> RenderedPrompt:
+    """Render and tokenize a chat prompt; a template that refuses the messages is a
+    request error on ``messages``."""
+    check_chat_size(rt, prompt)
     try:
         kwargs = dict(prompt.template_kwargs)
         return render_chat(rt.tokenizer, prompt.messages, tools=prompt.tools, **kwargs)

@@ -138,7 +138,10 @@ class ThinkingTracker:
 
     def _ends_with(self, ids: tuple[int, ...]) -> bool:
         n = len(ids)
-        return len(self._recent) >= n and tuple(self._recent)[-n:] == ids
+        recent = self._recent
+        if len(recent) < n or recent[-1] != ids[-1]:  # the usual case, per token
+            return False
+        return n == 1 or tuple(recent)[-n:] == ids
 
 
 class ThinkingBudgetProcessor:

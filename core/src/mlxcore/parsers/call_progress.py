@@ -20,7 +20,13 @@ from typing import Any
 import attrs
 
 from mlxcore.parsers.base import CallPart, ToolCall, new_tool_call_id
-from mlxcore.parsers.qwen_xml import FUNCTION, FUNCTION_END, PARAMETER, PARAMETER_END
+from mlxcore.parsers.qwen_xml import (
+    FUNCTION,
+    FUNCTION_END,
+    PARAMETER,
+    PARAMETER_END,
+    trim_newlines,
+)
 from mlxcore.parsers.schema_types import coerce_text, conform_value, schema_types
 
 _DECODER = json.JSONDecoder(strict=False)
@@ -411,24 +417,13 @@ def markup_call_progress(body: str, markup: Markup = QWEN_XML) -> Progress | Non
         following = text.find(markup.parameter_start, key_end)
         if end < 0 or 0 <= following < end:
             if following >= 0:  # closed by the next parameter (the lenient rule)
-                members.append((key, _trim(text[key_end:following])))
+                members.append((key, trim_newlines(text[key_end:following])))
                 pos = following
                 continue
             value = _held_back(text[key_end:], markup.markers)
             return Progress(name, tuple(members), (key, value) if key else None)
-        members.append((key, _trim(text[key_end:end])))
+        members.append((key, trim_newlines(text[key_end:end])))
         pos = end + len(markup.parameter_end)
-
-
-def _trim(value: str) -> str:
-    for head in ("\r\n", "\n"):
-        if value.startswith(head):
-            value = value[len(head) :]
-            break
-    for tail in ("\r\n", "\n"):
-        if value.endswith(tail):
-            return value[: -len(tail)]
-    return value
 
 
 def _held_back(value: str, markers: tuple[str, ...]) -> str:

@@ -92,17 +92,17 @@ def decode_parameters(body: str, *, strict: bool = False) -> dict[str, str] | No
             if strict:
                 return None
             stop = following if following >= 0 else len(body)
-            params[key] = _trim_newlines(body[key_end + 1 : stop])
+            params[key] = trim_newlines(body[key_end + 1 : stop])
             pos = stop
             if following < 0:
                 return params
             continue
-        params[key] = _trim_newlines(body[key_end + 1 : end])
+        params[key] = trim_newlines(body[key_end + 1 : end])
         pos = end + len(PARAMETER_END)
 
 
-def _trim_newlines(value: str) -> str:
-    """Remove the one newline the template writes on each side of a value."""
+def trim_newlines(value: str) -> str:
+    """A value without the one newline the template writes on each side of it."""
     if value.startswith("\r\n"):
         value = value[2:]
     elif value.startswith("\n"):

@@ -112,7 +112,7 @@ def _tokenize(svc: GenerationService, body: TokenizeRequest) -> list[int]:
 def _render_without_generation_prompt(svc: GenerationService, prompt: ChatPrompt) -> list[int]:
     """The conversation as the template writes it when no answer is to follow."""
     rt = svc.runtime
-    builder.render_prompt(rt, prompt)  # the same checks and errors as a generation
+    builder.check_chat_size(rt, prompt)  # the same size limit as a generation
     try:
         text = rt.tokenizer.apply_chat_template(
             prompt.messages,
