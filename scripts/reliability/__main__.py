@@ -1,7 +1,8 @@
 """``make reliability``: fuzz, the OpenAPI contract (Schemathesis), concurrency waves,
 disconnect storm, fault injection, soak.
 
-Runs real ``mlxcore serve`` processes on the embedded default model (or ``--model``),
+Runs real ``mlxcore serve`` processes on the embedded default model (or ``--model``), the
+fuzz, load and soak servers with one LoRA adapter (``--no-lora``: none),
 prints the figures docs/reliability.md records, writes them as JSON (``--out``) and
 exits non-zero when any part found a defect. ``--smoke`` is a two-minute subset.
 
@@ -42,8 +43,23 @@ SERVE_ARGS: list[str] = []
 """Extra ``mlxcore serve`` flags for every server of the run (``--serve-arg``)."""
 
 
+LORA_ARGS: list[str] = []
+"""The lora plugin's flags for the fuzz, load and soak servers (:func:`lora_args`)."""
+
+
+def lora_args(logs: Path, model: str | None) -> list[str]:
+    """Serve one LoRA adapter made for the model (its name is ``load.ADAPTER``, which the
+    load mix then asks for) and the runtime adapter routes (which the fuzz reaches)."""
+    from mlxcore.models.default import ensure_default_model
+    from mlxcore_lora.testing import write_adapter
+
+    load.ADAPTER = "reliability-adapter"
+    folder = write_adapter(model or ensure_default_model(), logs / "adapter", seed=0, strength=0.01)
+    return ["--plugin", "lora", "--lora", f"{load.ADAPTER}={folder}", "--allow-runtime-lora"]
+
+
 def run_fuzz(logs: Path, model: str | None, total: int) -> dict[str, Any]:
-    with serving(logs, model, *SERVE_ARGS) as server:
+    with serving(logs, model, *LORA_ARGS, *SERVE_ARGS) as server:
         before = greedy_reference(server)
         document = httpx.get(f"{server.base_url}/openapi.json", timeout=30).json()
         requests = fuzz.cases(document, total, seed=2026)
@@ -83,7 +99,7 @@ def run_contract(logs: Path, model: str | None, examples: int) -> dict[str, Any]
 
 def run_load(logs: Path, model: str | None, waves: list[int], storm: int) -> dict[str, Any]:
     parts: dict[str, Any] = {}
-    with serving(logs, model, *SERVE_ARGS) as server:
+    with serving(logs, model, *LORA_ARGS, *SERVE_ARGS) as server:
         asyncio.run(load.warm_up(server.base_url))
         baseline = settle(server)
         m = metrics(server)
@@ -161,7 +177,7 @@ def run_faults(logs: Path, model: str | None) -> dict[str, Any]:
 
 
 def run_soak(logs: Path, model: str | None, seconds: float) -> dict[str, Any]:
-    with serving(logs, model, *SERVE_ARGS) as server:
+    with serving(logs, model, *LORA_ARGS, *SERVE_ARGS) as server:
         asyncio.run(load.warm_up(server.base_url))
         pools_before = _bounded_pools(metrics(server))
         with MemorySampler(server, period=1.0) as sampler:
@@ -235,6 +251,12 @@ def main(argv: list[str] | None = None) -> int:
         help="an extra `mlxcore serve` flag for every server "
         "(e.g. --serve-arg=--kv-cache-dtype=int8)",
     )
+    parser.add_argument(
+        "--no-lora",
+        action="store_true",
+        help="serve no LoRA adapter (by default the fuzz, load and soak servers serve one, "
+        "and the load mix asks for it)",
+    )
     args = parser.parse_args(argv)
     SERVE_ARGS[:] = args.serve_arg
     results_flags = {"serve_args": list(args.serve_arg)}
@@ -244,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), **results_flags}
     with tempfile.TemporaryDirectory(prefix="mlxcore-reliability-") as tmp:
         logs = Path(tmp)
+        if not args.no_lora:
+            LORA_ARGS[:] = lora_args(logs, args.model)
+            results["lora"] = {"adapter": load.ADAPTER}
         try:
             if "fuzz" in args.only:
                 results["fuzz"] = run_fuzz(logs, args.model, args.fuzz_requests)

@@ -21,10 +21,15 @@ PROMPTS = [
 ]
 
 
+ADAPTER: str | None = None
+"""The name of a LoRA adapter the server serves (``--lora``), or None: some chat requests
+then name it as their model, so adapter rows share the batches with the base model's."""
+
+
 def request_for(i: int, rng: random.Random, max_tokens: int = 16) -> tuple[str, dict[str, Any]]:
     """A realistic mixed request: chat (streamed or not, greedy or sampled, some with a
-    regex grammar or a thinking budget), a text completion (some scoring their prompt,
-    some with two prompts), an Anthropic message, a Responses API response, or
+    regex grammar or a thinking budget, some on a LoRA adapter), a text completion (some
+    scoring their prompt, some with two prompts), an Anthropic message, a Responses API response, or
     embeddings (which the engine runs between the steps of the others)."""
     prompt = PROMPTS[i % len(PROMPTS)] + f" (#{i})"
     kind = i % 7
@@ -61,6 +66,8 @@ def request_for(i: int, rng: random.Random, max_tokens: int = 16) -> tuple[str, 
         "stream": kind == 1,
         "temperature": rng.choice([0.0, 0.8]),
     }
+    if kind in (0, 1) and ADAPTER is not None and rng.random() < 0.4:
+        body["model"] = ADAPTER
     if kind == 2:
         body["top_k"] = 40
         if rng.random() < 0.3:  # a user grammar, compiled before admission

@@ -29,6 +29,7 @@ from typing import Any
 import attrs
 
 from mlxcore import structured, thinking
+from mlxcore.engine.adapters import ADAPTER_OPTION
 from mlxcore.engine.events import RequestHandle, Usage
 from mlxcore.engine.request import GenerationRequest, SamplingParams
 from mlxcore.engine.strategies import StepToken
@@ -41,6 +42,7 @@ from mlxcore.prompts import RenderedPrompt, render_chat
 from mlxcore.runtime import Runtime
 
 RESERVED_OPTIONS = (
+    ADAPTER_OPTION,
     structured.OPTION,
     structured.START_AFTER_OPTION,
     structured.MAY_OPEN_OPTION,

@@ -8,6 +8,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from mlxcore.engine.adapters import forward
 from mlxcore.engine.batch_prefill import cache_is_batchable, prefill_together
 from mlxcore.engine.kv_quant import KVQuantization
 from mlxcore.engine.sampling import prompt_token_logprobs
@@ -43,6 +44,7 @@ class ChunkedPrefill(PrefillStrategy):
 
     name = "chunked"
     runs_in_lockstep = True
+    supports_adapters = True
 
     def __init__(
         self, model: Any, step_size: int = 2048, kv_quant: KVQuantization | None = None
@@ -94,7 +96,7 @@ class ChunkedPrefill(PrefillStrategy):
             upcoming = [s for s in stops if done < s < done + n]
             if upcoming:
                 n = upcoming[0] - done
-            out = self.model(tokens[:, done : done + n], cache=task.cache)
+            out = forward(self.model, tokens[:, done : done + n], task.cache, [task.request])
             if self.kv_quant is not None:
                 self.kv_quant.quantize_prefill(task.cache)
             mx.eval([c.state for c in task.cache])
@@ -107,5 +109,5 @@ class ChunkedPrefill(PrefillStrategy):
             if done in stops and task.snapshot is not None:
                 task.snapshot(task.start + done)
             yield done
-        logits = self.model(tokens[:, body:], cache=task.cache)[:, -1, :]
+        logits = forward(self.model, tokens[:, body:], task.cache, [task.request])[:, -1, :]
         return PrefillResult(logits=logits, prompt_logprobs=scored)

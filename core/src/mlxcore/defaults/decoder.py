@@ -26,6 +26,7 @@ import attrs
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
+from mlxcore.engine.adapters import forward
 from mlxcore.engine.kv_quant import KVQuantization
 from mlxcore.engine.sampling import greedy, token_with_logprobs
 from mlxcore.engine.strategies import (
@@ -79,6 +80,7 @@ class PlainDecoder(Decoder):
     runs_in_lockstep = True
     supports_position_offset = True
     supports_kv_quantization = True
+    supports_adapters = True
 
     def __init__(self, model: Any, kv_quant: KVQuantization | None = None) -> None:
         self.model = model
@@ -237,7 +239,8 @@ class PlainDecoder(Decoder):
             return {}
         self._settle()
         inputs, input_logprobs = self._pending, self._pending_logprobs
-        logits = self.model(inputs[:, None], cache=self.cache)[:, -1, :]
+        requests = [s.seq.request for s in self.slots]
+        logits = forward(self.model, inputs[:, None], self.cache, requests)[:, -1, :]
         logits = self._process(logits, inputs)
         wants = any(s.seq.request.sampling.logprobs for s in self.slots)
         all_greedy = all(s.seq.sampler is greedy for s in self.slots)

@@ -11,9 +11,11 @@ from __future__ import annotations
 import collections
 import logging
 import time
+from typing import Any
 
 from mlxcore.config import ServerConfig
-from mlxcore.engine.events import OVERLOADED, FinishEvent, RequestHandle, Usage, send
+from mlxcore.engine.adapters import missing as adapter_missing
+from mlxcore.engine.events import OVERLOADED, UNAVAILABLE, FinishEvent, RequestHandle, Usage, send
 from mlxcore.engine.jobs import JobQueue, ModelJob
 from mlxcore.engine.loop import BatchLoop
 from mlxcore.engine.memory import MemoryBudget
@@ -33,6 +35,7 @@ class EngineUnavailable(MlxcoreError):
 class Admission:
     """The engine's waiting requests and jobs, and the rules that admit them."""
 
+    model: Any
     config: ServerConfig
     memory: MemoryBudget
     jobs: JobQueue
@@ -106,6 +109,10 @@ class Admission:
         taken: list[RequestHandle] = []
         while room > 0 and self._waiting:
             head = self._waiting[0].request
+            gone = adapter_missing(self.model, head)
+            if gone is not None:  # its LoRA adapter was unloaded while it waited
+                self._end(self._waiting.popleft(), "error", UNAVAILABLE, gone)
+                continue
             need = self.memory.cost(len(head.prompt_tokens) + head.max_tokens)
             if (loop.live or taken) and not self._fits(loop, reserved + need):
                 break

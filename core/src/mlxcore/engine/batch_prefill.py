@@ -25,6 +25,8 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 
+from mlxcore.engine.adapters import forward
+from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.strategies import LayerCache, PrefillResult, PrefillTask
 
 BATCHABLE_CACHES: tuple[type, ...] = (KVCache, ArraysCache, RotatingKVCache)
@@ -65,8 +67,10 @@ def segments(task: PrefillTask) -> list[list[int]]:
     return out
 
 
-def _feed(model: Any, cache: LayerCache, rows: list[list[int]]) -> None:
-    """Process one right-padded segment per row (rows may be empty)."""
+def _feed(
+    model: Any, cache: LayerCache, rows: list[list[int]], requests: list[GenerationRequest]
+) -> None:
+    """Process one right-padded segment per row (rows may be empty) of ``requests``."""
     lengths = [len(r) for r in rows]
     width = max(lengths)
     if width == 0:
@@ -80,7 +84,7 @@ def _feed(model: Any, cache: LayerCache, rows: list[list[int]]) -> None:
     if padded:
         for layer in cache:
             layer.prepare(lengths=lengths, right_padding=padding)
-    model(mx.array([r + [0] * (width - len(r)) for r in rows]), cache=cache)
+    forward(model, mx.array([r + [0] * (width - len(r)) for r in rows]), cache, requests)
     if padded:
         for layer in cache:
             layer.finalize()
@@ -104,8 +108,9 @@ def prefill_together(model: Any, tasks: Sequence[PrefillTask]) -> list[PrefillRe
         type(layer).merge([t.cache[i] for t in tasks]) for i, layer in enumerate(tasks[0].cache)
     ]
     parts = [segments(t) for t in tasks]
+    requests = [t.request for t in tasks]
     for k in range(max(len(p) for p in parts)):
-        _feed(model, merged, [p[k] if k < len(p) else [] for p in parts])
+        _feed(model, merged, [p[k] if k < len(p) else [] for p in parts], requests)
         for i, (task, p) in enumerate(zip(tasks, parts, strict=True)):
             if k < len(p) - 1 and task.snapshot is not None:
                 own, task.cache = task.cache, _row(merged, i)
@@ -114,7 +119,7 @@ def prefill_together(model: Any, tasks: Sequence[PrefillTask]) -> list[PrefillRe
                 finally:
                     task.cache = own
     last = mx.array([[t.request.prompt_tokens[-1]] for t in tasks])
-    logits = model(last, cache=merged)[:, -1, :]
+    logits = forward(model, last, merged, requests)[:, -1, :]
     rows = [_row(merged, i) for i in range(len(tasks))]
     mx.eval(logits, [[layer.state for layer in row] for row in rows])
     for task, row in zip(tasks, rows, strict=True):

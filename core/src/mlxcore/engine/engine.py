@@ -35,6 +35,7 @@ from typing import Any
 import mlx.core as mx
 
 from mlxcore.config import ServerConfig
+from mlxcore.engine.adapters import adapters_of
 from mlxcore.engine.admission import Admission, EngineOverloaded, EngineUnavailable
 from mlxcore.engine.events import (
     UNAVAILABLE,
@@ -120,6 +121,13 @@ class Engine(Admission):
                 f"--kv-cache-dtype {config.kv_cache_dtype}: the {self.decoder.name!r} decoder "
                 "does not keep a quantized KV cache; use --kv-cache-dtype auto or the plain decoder"
             )
+        if adapters_of(model) is not None:
+            for kind, part in (("decoder", self.decoder), ("prefill strategy", self.prefill)):
+                if not part.supports_adapters:
+                    raise UsageError(
+                        f"LoRA adapters: the {part.name!r} {kind} does not run adapters "
+                        "per row; serve adapters with the plain decoder and chunked prefill"
+                    )
         self._waiting: collections.deque[RequestHandle] = collections.deque()
         self.jobs = JobQueue()
         """Model work besides generation (embeddings), run between steps."""
@@ -303,6 +311,11 @@ class Engine(Admission):
             ok = self.state in ("running", "new") and not restarting
             state = "restarting" if restarting and self.state == "running" else self.state
             return ok, state, "" if ok else self.reason
+
+    def live_requests(self) -> list[GenerationRequest]:
+        """The requests admitted now (prefilling, waiting for a shared prefix, decoding).
+        Call it on the engine thread (from a job's work): the batch changes between steps."""
+        return [live.request for live in list(self._loop.live.values())]
 
     def stats(self) -> dict[str, float]:
         """Load, memory, supervision and strategy counters (snapshots, any thread)."""

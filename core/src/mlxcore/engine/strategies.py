@@ -288,6 +288,10 @@ class PrefillStrategy(abc.ABC):
     """True when what the strategy does follows from the requests and the model alone (no
     clock, no measurements), so ranks of a distributed engine running it stay in step;
     ``--distributed`` refuses a strategy without it."""
+    supports_adapters: ClassVar[bool] = False
+    """True when every forward pass goes through :func:`mlxcore.engine.adapters.forward`
+    (each row under its request's LoRA adapter); the engine refuses to start a model with
+    adapters otherwise."""
 
     @abc.abstractmethod
     def prefill(self, task: PrefillTask) -> PrefillGenerator:
@@ -403,6 +407,10 @@ class Decoder(abc.ABC):
     supports_kv_quantization: ClassVar[bool] = False
     """True when the decoder keeps attention caches quantized under ``--kv-cache-dtype``
     (see :mod:`mlxcore.engine.kv_quant`); the server refuses the flag otherwise."""
+    supports_adapters: ClassVar[bool] = False
+    """True when every forward pass goes through :func:`mlxcore.engine.adapters.forward`
+    (each row under its request's LoRA adapter); the engine refuses to start a model with
+    adapters otherwise."""
 
     @abc.abstractmethod
     def add(self, seq: DecodeSequence) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 from litestar import Request, get, post
 from litestar.handlers import HTTPRouteHandler
 
+from mlxcore.engine.adapters import adapters_of
 from mlxcore.server.errors import APIError
 from mlxcore.server.metrics import MODEL_STATES
 from mlxcore.server.openapi import (
@@ -46,7 +47,7 @@ MODEL = obj(
         "created": INTEGER,
         "owned_by": STRING,
         "root": STRING,
-        "parent": {"type": "null"},
+        "parent": nullable(STRING),
         **_STATE,
     },
     {"error": STRING, "alias_of": STRING},
@@ -83,12 +84,32 @@ def _entries(router: ModelRouter, slot: ModelSlot) -> list[dict[str, Any]]:
     return entries
 
 
+def _adapter_entry(router: ModelRouter, slot: ModelSlot, name: str) -> dict[str, Any]:
+    """A LoRA adapter's entry: vLLM's shape (``parent``: the base model, ``root``: the
+    adapter's folder), with its base model's state."""
+    assert slot.service is not None
+    adapters = adapters_of(slot.service.runtime.model)
+    about = adapters.describe(name) if adapters is not None else {}
+    return {
+        "id": name,
+        "object": "model",
+        "created": CREATED,
+        "owned_by": "mlxcore",
+        "root": str(about.get("root", name)),
+        **router.describe(slot),
+        "parent": slot.spec.name,
+        "aliases": [],
+    }
+
+
 @get("/v1/models", opt={REPLIES_OPTION: {200: reply("every model", MODEL_LIST)}})
 async def list_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
     """Every model and alias, with its state (``not_loaded``, ``loading``, ``loaded``,
-    ``failed``) and context length."""
+    ``failed``) and context length, then the LoRA adapters the loaded models serve
+    (``parent``: their base model)."""
     router = _router(request)
     data = [entry for slot in router.slots for entry in _entries(router, slot)]
+    data += [_adapter_entry(router, slot, name) for slot, name in router.adapters()]
     return {"object": "list", "data": data}
 
 
@@ -109,6 +130,8 @@ def _known(router: ModelRouter, model_id: str) -> ModelSlot:
 async def retrieve_model(request: Request[Any, Any, Any], model_id: str) -> dict[str, Any]:
     """One model (or alias) by name."""
     router = _router(request)
+    if router.find(model_id) is None and (base := router.find_adapter(model_id)) is not None:
+        return _adapter_entry(router, base, model_id)
     slot = _known(router, model_id)
     return next(e for e in _entries(router, slot) if e["id"] == model_id)
 

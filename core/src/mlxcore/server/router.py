@@ -32,6 +32,7 @@ from typing import Any
 
 import attrs
 
+from mlxcore.engine.adapters import adapters_of
 from mlxcore.engine.memory import parameter_bytes, physical_memory, release_memory
 from mlxcore.engine.threads import call_on_worker
 from mlxcore.models.catalog import ModelSpec
@@ -128,18 +129,36 @@ class ModelRouter:
         return self.slots[0]
 
     def names(self) -> list[str]:
-        """Every name and alias, models in their configured order."""
-        return [name for slot in self.slots for name in slot.spec.names]
+        """Every name and alias, models in their configured order, then the LoRA adapters
+        the loaded models serve."""
+        names = [name for slot in self.slots for name in slot.spec.names]
+        return names + [name for _, name in self.adapters()]
 
     def find(self, name: str) -> ModelSlot | None:
         """The model ``name`` (or an alias) names exactly, or ``None``."""
         return self._by_name.get(name)
 
+    def adapters(self) -> list[tuple[ModelSlot, str]]:
+        """The LoRA adapters the loaded models serve: (base model, adapter name) pairs;
+        a name that is also a model's name is the model's."""
+        found = []
+        for slot in self.loaded():
+            assert slot.service is not None
+            adapters = adapters_of(slot.service.runtime.model)
+            if adapters is not None:
+                found += [(slot, n) for n in adapters.names() if n not in self._by_name]
+        return found
+
+    def find_adapter(self, name: str) -> ModelSlot | None:
+        """The loaded model that serves the adapter ``name``, or ``None``."""
+        return next((slot for slot, n in self.adapters() if n == name), None)
+
     def slot_for(self, name: str | None) -> ModelSlot:
-        """The model ``name`` (or an alias) reaches; a 404 listing the names otherwise."""
+        """The model ``name`` (or an alias, or an adapter of a loaded model) reaches; a 404
+        listing the names otherwise."""
         if not name:
             return self.default
-        slot = self._by_name.get(name)
+        slot = self._by_name.get(name) or self.find_adapter(name)
         if slot is not None:
             return slot
         if self.accept_any_name:
@@ -162,6 +181,8 @@ class ModelRouter:
         slot = self.slot_for(name)
         slot.last_used = time.monotonic()
         if slot.state == LOADED and slot.service is not None:
+            if name and name not in self._by_name and self.find_adapter(name) is slot:
+                return slot.service.with_adapter(name)
             return slot.service
         service = await self.load(slot, retry=False)
         slot.last_used = time.monotonic()

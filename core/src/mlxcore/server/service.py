@@ -11,6 +11,7 @@ stops early (client gone, stop string), the engine request is cancelled.
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import logging
 import time
@@ -18,6 +19,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from mlxcore.engine.adapters import adapter_request, adapters_of
 from mlxcore.engine.engine import EngineOverloaded, EngineUnavailable
 from mlxcore.engine.events import (
     OVERLOADED,
@@ -27,6 +29,7 @@ from mlxcore.engine.events import (
     RequestHandle,
     TokenEvent,
 )
+from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.validation import RequestRejected
 from mlxcore.errors import MediaError, OptionError
 from mlxcore.output import OutputDelta
@@ -63,11 +66,25 @@ class GenerationService:
         """``generate`` or ``embed`` (an embedding model serves only /v1/embeddings)."""
         self.pooling = pooling
         """How embeddings are taken from the hidden states: ``last`` or ``mean``."""
+        self.adapter: str | None = None
+        """The LoRA adapter this service's requests run with (:meth:`with_adapter`)."""
+        self._adapters: dict[str, GenerationService] = {}
         workers = runtime.config.prepare_workers
         # A few threads (the tokenizer is safe to share): one slow request (a huge
         # prompt, a slow remote image) does not hold up the requests behind it.
         self._prepare_pool = ThreadPoolExecutor(workers, thread_name_prefix="mlxcore-prepare")
-        self._preparing = 0
+        self._preparing = [0]
+        """Requests being prepared (one cell, shared with the adapter services)."""
+
+    def with_adapter(self, name: str) -> GenerationService:
+        """This model's service for requests that run with its LoRA adapter ``name``
+        (reported under that name; preparation threads and engine shared)."""
+        found = self._adapters.get(name)
+        if found is None:
+            found = copy.copy(self)
+            found.names, found.adapter, found._adapters = (name,), name, {}
+            self._adapters[name] = found
+        return found
 
     async def prepare(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the service's preparation pool, off the event loop.
@@ -77,17 +94,17 @@ class GenerationService:
         every other request and stream (and /health). At most ``--max-queue-size``
         preparations wait at once; past that the request is answered as overloaded.
         """
-        if self._preparing >= self.config.max_queue_size:
+        if self._preparing[0] >= self.config.max_queue_size:
             self.metrics.rejected.labels(reason="overloaded").inc()
-            raise overloaded(f"server busy: {self._preparing} requests being prepared")
+            raise overloaded(f"server busy: {self._preparing[0]} requests being prepared")
         loop = asyncio.get_running_loop()
-        self._preparing += 1
+        self._preparing[0] += 1
         try:
             return await loop.run_in_executor(self._prepare_pool, functools.partial(fn, *args))
         except (RequestRejected, OptionError, MediaError) as exc:
             raise from_domain(exc) from None
         finally:
-            self._preparing -= 1
+            self._preparing[0] -= 1
 
     @property
     def busy(self) -> bool:
@@ -95,7 +112,7 @@ class GenerationService:
         embedded (the router never unloads a busy model)."""
         stats = self.runtime.engine.stats()
         keys = ("requests_running", "requests_waiting", "jobs_running", "jobs_waiting")
-        return bool(self._preparing or any(stats.get(key, 0) for key in keys))
+        return bool(self._preparing[0] or any(stats.get(key, 0) for key in keys))
 
     def close(self) -> None:
         """Stop the preparation threads (work already queued still runs)."""
@@ -143,6 +160,8 @@ class GenerationService:
         def on_admitted() -> None:
             loop.call_soon_threadsafe(admitted)
 
+        if self.adapter is not None:
+            gen.request = self._adapted(gen.request)
         try:
             handle = self.runtime.engine.submit(gen.request, sink, on_admitted)
         except (EngineOverloaded, EngineUnavailable) as exc:
@@ -161,6 +180,19 @@ class GenerationService:
             self.metrics.rejected.labels(reason="overloaded").inc()
             raise overloaded(_unavailable_message(early))
         return self._deltas(gen, handle, events)
+
+    def _adapted(self, request: GenerationRequest) -> GenerationRequest:
+        """``request`` run with this service's adapter (a 404 once it is unloaded)."""
+        adapters = adapters_of(self.runtime.model)
+        key = None if adapters is None or self.adapter is None else adapters.key(self.adapter)
+        if key is None:
+            raise APIError(
+                404,
+                f"the LoRA adapter {self.adapter!r} is no longer served",
+                param="model",
+                code="model_not_found",
+            )
+        return adapter_request(request, key)
 
     async def start_all(self, gens: Sequence[Generation]) -> list[AsyncIterator[OutputDelta]]:
         """Start several generations (``n`` choices); if one cannot start, cancel the rest.

@@ -121,6 +121,11 @@ async def create_embeddings(request: Request[Any, Any, Any]) -> dict[str, Any]:
     """OpenAI embeddings: one vector per input, in order."""
     body = await decode_body(request, EmbeddingRequest)
     svc = await model_service(request, body.model, task=None)
+    if svc.adapter is not None:
+        raise invalid(
+            f"{body.model!r} is a LoRA adapter: embeddings come from the base model's name",
+            "model",
+        )
     _check_dimensions(svc, body.dimensions)
     inputs = await svc.prepare(_inputs, svc, body)
     try:
