@@ -2,7 +2,8 @@
 
 ``accepted_within_model_limits`` is Schemathesis' ``positive_data_acceptance`` less the
 refusals a JSON Schema cannot state: a prompt plus ``max_tokens`` beyond the model's
-context, ``min_tokens`` above ``max_tokens``, ``top_logprobs`` without ``logprobs``, and a
+context, ``min_tokens`` above ``max_tokens``, ``top_logprobs`` without ``logprobs``,
+``/tokenize`` without exactly one of ``prompt`` and ``messages``, and a
 constraint the server cannot hold
 (``invalid_constraint``: a ``tool_choice`` the ``tools`` do not meet, a ``response_format``
 schema the structured-output compiler does not take). Any other refusal of a schema-valid
@@ -20,6 +21,11 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 RELATIONS = (("min_tokens", "max_tokens"), ("top_logprobs", "logprobs"))
 """Fields whose allowed values depend on another field's (the second named): the
 document says so in prose only."""
+
+
+ONE_OF = (("prompt", "exactly one of prompt and messages"),)
+"""Fields of which a request gives exactly one (``/tokenize``: ``prompt``, its alias
+``content``, or ``messages``): (the param the refusal names, its words)."""
 
 
 ANTHROPIC_LIMITS = (
@@ -44,6 +50,8 @@ def _model_limit(body: bytes) -> bool:
     for field, other in RELATIONS:
         if error.get("param") == field and other in message:
             return True
+    if any(error.get("param") == field and words in message for field, words in ONE_OF):
+        return True
     # Anthropic's error shape has no code: its refusals are known by their words
     words = ANTHROPIC_LIMITS
     return error.get("type") == "invalid_request_error" and any(w in message for w in words)

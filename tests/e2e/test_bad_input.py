@@ -304,6 +304,21 @@ def test_huge_top_k_is_not_a_server_error(http: httpx.Client) -> None:
         assert r.json()["choices"][0]["finish_reason"] == "length"
 
 
+@pytest.mark.parametrize("temperature", [1e-6, 1e-40, 5e-324])
+def test_a_vanishing_temperature_is_greedy(http: httpx.Client, temperature: float) -> None:
+    """Below 1e-5 (vLLM's bound) a temperature is greedy decoding: 1/T past float32's range
+    turned every logit to +-inf, sampled noise, and broke a grammar (found by the fuzz)."""
+    ask = {"prompt": "Once", "max_tokens": 8}
+    greedy = http.post(COMPLETIONS, json={**ask, "temperature": 0})
+    tiny = http.post(COMPLETIONS, json={**ask, "temperature": temperature})
+    assert tiny.status_code == 200, tiny.text
+    assert tiny.json()["choices"][0]["text"] == greedy.json()["choices"][0]["text"]
+    body = {"prompt": "Once", "max_tokens": 8, "temperature": temperature, "guided_regex": "ò·x"}
+    constrained = http.post(COMPLETIONS, json=body)
+    assert constrained.status_code == 200, constrained.text
+    assert constrained.json()["choices"][0]["text"] == "ò·x"
+
+
 # -- malformed bodies -----------------------------------------------------------------------
 
 RAW_BODIES: list[tuple[str, bytes]] = [

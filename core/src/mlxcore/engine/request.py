@@ -10,12 +10,18 @@ from typing import Any
 
 import attrs
 
+GREEDY_BELOW = 1e-5
+"""Temperatures below this are greedy decoding, as in vLLM: sampling at ``1/T`` past
+float32's range turns every logit to +-inf (a 1e-40 temperature sampled noise, and a
+grammar-constrained request failed)."""
+
 
 @attrs.frozen
 class SamplingParams:
     """Per-request sampling settings, honoured per sequence inside a batch.
 
-    ``temperature == 0`` is greedy decoding. ``None`` means "not set".
+    ``temperature`` below :data:`GREEDY_BELOW` (0 included) is greedy decoding. ``None``
+    means "not set".
     """
 
     temperature: float = 0.0
@@ -41,8 +47,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        """True for temperature 0 (argmax decoding)."""
-        return self.temperature == 0.0
+        """True for temperature 0, or below :data:`GREEDY_BELOW` (argmax decoding)."""
+        return self.temperature < GREEDY_BELOW
 
 
 @attrs.frozen

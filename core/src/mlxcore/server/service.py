@@ -81,6 +81,10 @@ class GenerationService:
         (reported under that name; preparation threads and engine shared)."""
         found = self._adapters.get(name)
         if found is None:
+            adapters = adapters_of(self.runtime.model)
+            served = set(adapters.names()) if adapters is not None else set()
+            for gone in [n for n in self._adapters if n not in served]:
+                del self._adapters[gone]  # unloaded adapters: bounded by --max-loras
             found = copy.copy(self)
             found.names, found.adapter, found._adapters = (name,), name, {}
             self._adapters[name] = found

@@ -19,7 +19,7 @@ class TextConfig(msgspec.Struct, kw_only=True):
 
 
 class ReasoningConfig(msgspec.Struct, kw_only=True):
-    effort: str | None = None
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     summary: str | None = None
 
 
