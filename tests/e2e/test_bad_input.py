@@ -307,7 +307,7 @@ def test_huge_top_k_is_not_a_server_error(http: httpx.Client) -> None:
 @pytest.mark.parametrize("temperature", [1e-6, 1e-40, 5e-324])
 def test_a_vanishing_temperature_is_greedy(http: httpx.Client, temperature: float) -> None:
     """Below 1e-5 (vLLM's bound) a temperature is greedy decoding: 1/T past float32's range
-    turned every logit to +-inf, sampled noise, and broke a grammar (found by the fuzz)."""
+    turned every logit to +-inf, sampled noise, and failed a grammar request with a 500."""
     ask = {"prompt": "Once", "max_tokens": 8}
     greedy = http.post(COMPLETIONS, json={**ask, "temperature": 0})
     tiny = http.post(COMPLETIONS, json={**ask, "temperature": temperature})
@@ -317,6 +317,19 @@ def test_a_vanishing_temperature_is_greedy(http: httpx.Client, temperature: floa
     constrained = http.post(COMPLETIONS, json=body)
     assert constrained.status_code == 200, constrained.text
     assert constrained.json()["choices"][0]["text"] == "ò·x"
+
+
+@pytest.mark.parametrize("field", ["guided_regex", "structured_outputs"])
+def test_min_tokens_yields_to_a_complete_grammar(http: httpx.Client, field: str) -> None:
+    """A grammar complete before ``min_tokens`` (the fuzz found it: a 500): min_tokens bans
+    the end of sequence, the grammar allows nothing else; the grammar wins."""
+    grammar: Any = "ò·" if field == "guided_regex" else {"regex": "ò·"}
+    for temperature in (0.0, 1.0):
+        body = {"prompt": "A", "max_tokens": 8, "min_tokens": 5, "temperature": temperature}
+        r = http.post(COMPLETIONS, json={**body, field: grammar})
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        assert choice["text"] == "ò·" and choice["finish_reason"] == "stop"
 
 
 # -- malformed bodies -----------------------------------------------------------------------

@@ -31,7 +31,8 @@ class ConstraintViolation(RuntimeError):
 
 @mx.compile
 def _masked(words: mx.array, logits: mx.array) -> mx.array:
-    """``logits`` with every token whose bit is 0 in ``words`` set to ``-inf``.
+    """``logits`` with every token whose bit is 0 in ``words`` set to ``-inf`` (when no
+    allowed token has a finite logit left, the allowed tokens get 0 each).
 
     ``words`` holds 32 token bits per int32 (bit ``i`` of word ``w`` is token
     ``32 * w + i``) and covers at least the width of ``logits``.
@@ -39,8 +40,14 @@ def _masked(words: mx.array, logits: mx.array) -> mx.array:
     # Built here, not at import: a lazy module-level array belongs to the importing
     # thread's stream, and the engine evaluates on its own thread.
     shifts = mx.arange(32, dtype=mx.int32)
-    bits = ((words[:, None] >> shifts) & 1).reshape(-1)[: logits.shape[-1]]
-    return mx.where(bits.astype(mx.bool_), logits, mx.array(-mx.inf, dtype=logits.dtype))
+    bits = ((words[:, None] >> shifts) & 1).reshape(-1)[: logits.shape[-1]].astype(mx.bool_)
+    never = mx.array(-mx.inf, dtype=logits.dtype)
+    masked = mx.where(bits, logits, never)
+    # An earlier processor may have banned every token the constraint allows (min_tokens
+    # bans the end of sequence once the grammar is complete): the constraint wins, and
+    # its tokens are then equally likely instead of a distribution of -inf only.
+    fallback = mx.where(bits, mx.zeros_like(logits), never)
+    return mx.where(mx.any(masked > never), masked, fallback)
 
 
 def apply_bitmask(logits: mx.array, words: mx.array) -> mx.array:
