@@ -26,7 +26,7 @@ import attrs
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
-from mlxcore.engine.adapters import forward
+from mlxcore.engine.adapters import adapters_of, forward
 from mlxcore.engine.kv_quant import KVQuantization
 from mlxcore.engine.sampling import greedy, token_with_logprobs
 from mlxcore.engine.strategies import (
@@ -84,6 +84,8 @@ class PlainDecoder(Decoder):
 
     def __init__(self, model: Any, kv_quant: KVQuantization | None = None) -> None:
         self.model = model
+        self._adapted = adapters_of(model) is not None
+        """LoRA adapters are attached (fixed at load): only then are rows' requests read."""
         self.kv_quant = kv_quant
         self._quantized = False
         """True while the batch cache's attention layers are quantized."""
@@ -239,7 +241,7 @@ class PlainDecoder(Decoder):
             return {}
         self._settle()
         inputs, input_logprobs = self._pending, self._pending_logprobs
-        requests = [s.seq.request for s in self.slots]
+        requests = [s.seq.request for s in self.slots] if self._adapted else ()
         logits = forward(self.model, inputs[:, None], self.cache, requests)[:, -1, :]
         logits = self._process(logits, inputs)
         wants = any(s.seq.request.sampling.logprobs for s in self.slots)

@@ -139,7 +139,7 @@ def read_adapter(
             raise AdapterError(f"{folder}: {path!r} is not a floating-point tensor")
         layers[path] = (a, b)
         ranks.add(rank)
-    mx.eval([pair for pair in layers.values()])
+    mx.eval(list(layers.values()))
     for path, (a, b) in layers.items():
         if not (bool(mx.isfinite(a).all()) and bool(mx.isfinite(b).all())):
             raise AdapterError(f"{folder}: {path!r} holds NaN or infinite values")
