@@ -152,7 +152,8 @@ def test_json_object_mode_yields_an_object(rt: Runtime, sampling: SamplingParams
     text, finish = run(rt, request(rt, "Any JSON:", sampling, **{OPTION: constraint}))
     assert finish.reason == "stop", (finish, text)
     value = json.loads(text)
-    assert isinstance(value, dict) and value, text
+    # an empty object is a valid answer too: which one a seed gives is the sampler's luck
+    assert isinstance(value, dict), text
 
 
 @pytest.mark.parametrize("sampling", SAMPLINGS)

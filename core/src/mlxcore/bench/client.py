@@ -45,6 +45,8 @@ class HttpTarget:
 
     base_url: str
     model: str
+    sampling: dict[str, Any] = attrs.field(factory=dict)
+    """Sampling fields every request carries (``temperature`` 0 unless set here)."""
 
 
 async def stream_chat(
@@ -62,7 +64,11 @@ async def stream_chat(
     chunk that carries output, as it arrives (so a caller that cancels the stream still
     has them); the run's :attr:`~StreamRun.chunk_times` holds the same list.
     """
-    body = {**workloads.chat_body(target.model, messages, max_tokens), **(extra or {})}
+    body = {
+        **workloads.chat_body(target.model, messages, max_tokens),
+        **target.sampling,
+        **(extra or {}),
+    }
     arrivals: list[float] = [] if times is None else times
     first: float | None = None
     last: float | None = None

@@ -60,6 +60,8 @@ class PeerSettings:
     rounds: int = 4
     mixed: scenarios.MixedSpec = attrs.field(factory=scenarios.MixedSpec)
     sessions: int = 16
+    sampling: dict[str, Any] = attrs.field(factory=dict)
+    """Sampling fields for every request on both sides (greedy when empty)."""
 
 
 def add_peer_options(parser: argparse.ArgumentParser) -> None:
@@ -85,6 +87,13 @@ def add_peer_options(parser: argparse.ArgumentParser) -> None:
         "--rounds", type=int, default=4, help="with --peer: pairs per workload and level (4)"
     )
     group.add_argument(
+        "--sampling",
+        default=None,
+        metavar="JSON",
+        help="with --peer: sampling fields for every request on both sides, e.g. "
+        '\'{"temperature": 0.8, "top_p": 0.95}\' (default: greedy)',
+    )
+    group.add_argument(
         "--long-prompt-tokens",
         type=int,
         default=8000,
@@ -99,13 +108,33 @@ def _peer_settings(args: argparse.Namespace) -> PeerSettings:
         raise UsageError(f"--workloads: choose from {', '.join(WORKLOADS)} (got {unknown})")
     if args.rounds < 1 or args.long_prompt_tokens < 16:
         raise UsageError("--rounds must be ≥ 1 and --long-prompt-tokens ≥ 16")
+    sampling = _sampling_fields(args.sampling)
     return PeerSettings(
+        sampling=sampling,
         url=args.peer.rstrip("/"),
         model=args.peer_model,
         workloads=chosen,
         rounds=args.rounds,
         mixed=scenarios.MixedSpec(long_tokens=args.long_prompt_tokens),
     )
+
+
+SAMPLING_FIELDS = frozenset({"temperature", "top_p", "top_k", "min_p", "seed"})
+
+
+def _sampling_fields(text: str | None) -> dict[str, Any]:
+    """``--sampling``'s JSON object, checked against :data:`SAMPLING_FIELDS`."""
+    if text is None:
+        return {}
+    try:
+        fields = json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"--sampling: not JSON ({exc})") from exc
+    if not isinstance(fields, dict) or not set(fields) <= SAMPLING_FIELDS:
+        raise UsageError(f"--sampling: a JSON object of {', '.join(sorted(SAMPLING_FIELDS))}")
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in fields.values()):
+        raise UsageError("--sampling: every value is a number")
+    return fields
 
 
 async def _processed_tokens(http: httpx.AsyncClient, target: client.HttpTarget) -> float | None:
@@ -253,8 +282,10 @@ def run_peer(settings: BenchSettings, peer: PeerSettings) -> dict[str, Any]:
     with bench_server(str(resolved.path), settings) as server:
         server.start(settings.startup_timeout)
         targets = {
-            "mlxcore": server.target(),
-            "peer": client.HttpTarget(peer.url, peer.model or str(resolved.path)),
+            "mlxcore": attrs.evolve(server.target(), sampling=peer.sampling),
+            "peer": client.HttpTarget(
+                peer.url, peer.model or str(resolved.path), sampling=peer.sampling
+            ),
         }
         run = _Run(targets, settings, peer, count_tokens, random.Random(seed))
         try:
@@ -269,6 +300,7 @@ def run_peer(settings: BenchSettings, peer: PeerSettings) -> dict[str, Any]:
         "peer": {"url": peer.url, "model": targets["peer"].model},
         "settings": {
             "rounds": peer.rounds,
+            "sampling": peer.sampling or {"temperature": 0.0},
             "workloads": list(peer.workloads),
             "concurrency": list(settings.concurrency),
             "max_tokens": settings.max_tokens,

@@ -28,7 +28,8 @@ from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
 from mlxcore.engine.adapters import adapters_of, forward
 from mlxcore.engine.kv_quant import KVQuantization
-from mlxcore.engine.sampling import greedy, token_with_logprobs
+from mlxcore.engine.row_sampling import BatchDraws, PendingDraw, settle
+from mlxcore.engine.sampling import RandomSampler, greedy, token_with_logprobs
 from mlxcore.engine.strategies import (
     Decoder,
     DecodeSequence,
@@ -95,14 +96,21 @@ class PlainDecoder(Decoder):
         self._pending: Any = None  # lazy (B,) tokens sampled last step
         self._pending_logprobs: Any = None  # lazy (B, vocab) or None
         self._unchecked: tuple[Any, Any] | None = None  # (logits, near-tie rows) of a fast step
+        self._draw: PendingDraw | None = None
+        """The last sampled step's draw, until its flagged rows are redone."""
+        self._rows = BatchDraws()
+        """The rows' sampling settings and random keys, in batch order."""
         self._touched = False
         """True from the moment a step changes the batch cache until the step returns: a
         failure then leaves the cache in an unknown state (nothing can be salvaged)."""
         self.exact_fallbacks = 0
         """Rows of fast greedy steps that took the exact path (near ties)."""
+        self.redrawn = 0
+        """Rows of sampled steps drawn again the direct way (all proposals rejected,
+        or a greedy row's near tie)."""
 
     def stats(self) -> dict[str, float]:
-        return {"greedy_exact_fallbacks": self.exact_fallbacks}
+        return {"greedy_exact_fallbacks": self.exact_fallbacks, "sampling_redraws": self.redrawn}
 
     def __len__(self) -> int:
         return len(self.slots) + len(self._joining)
@@ -123,6 +131,7 @@ class PlainDecoder(Decoder):
         own = SequenceCache([layer.extract(idx) for layer in self.cache], slot.fed)
         keep = [i for i in range(len(self.slots)) if i != idx]
         del self.slots[idx]
+        self._rows.keep(keep)
         if keep:
             for layer in self.cache:
                 layer.filter(keep)
@@ -187,6 +196,7 @@ class PlainDecoder(Decoder):
             # joining sequences have no unreported logprobs; pad with zeros
             pad = mx.zeros((len(joining), self._pending_logprobs.shape[-1]))
             self._pending_logprobs = mx.concatenate([self._pending_logprobs, pad])
+        self._rows.join([_row_of(s.sampler, s.request.sampling) for s in joining])
         for seq in joining:
             seq.cache = []  # the batch cache owns the state now
             self.slots.append(_Slot(seq, fed=len(seq.tokens) - 1))
@@ -230,6 +240,7 @@ class PlainDecoder(Decoder):
                 else:
                     unreported = [StepToken(tok)]
             out.append(Salvaged(seq, unreported))
+        self._rows.keep([])
         self.slots, self._joining, self.cache = [], [], []
         return out
 
@@ -252,10 +263,11 @@ class PlainDecoder(Decoder):
             self._pending_logprobs = None
             mx.async_eval(self._pending, self._unchecked[1])
             return self._report(inputs, input_logprobs)
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        self._pending = self._sample(logprobs)
-        self._pending_logprobs = logprobs if wants else None
-        mx.async_eval(self._pending, *([logprobs] if wants else []))
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True) if wants else None
+        self._draw = self._rows.draw(logits)
+        self._pending = self._draw.tokens
+        self._pending_logprobs = logprobs
+        mx.async_eval(self._pending, self._draw.redo, *([logprobs] if wants else []))
         return self._report(inputs, input_logprobs)
 
     def _report(self, inputs: Any, input_logprobs: Any) -> dict[int, list[StepToken]]:
@@ -264,8 +276,13 @@ class PlainDecoder(Decoder):
         return out
 
     def _settle(self) -> None:
-        """Give the rows of the last fast greedy step that had a near tie mlx-lm's exact
-        pick (waits for that step's computation)."""
+        """Give the rows of the last step that had a near tie mlx-lm's exact pick, and
+        draw the sampled rows whose proposals were all rejected again (waits for that
+        step's computation)."""
+        if self._draw is not None:
+            self._pending, redone = settle(self._draw)
+            self._draw = None
+            self.redrawn += redone
         if self._unchecked is None:
             return
         logits, ties = self._unchecked
@@ -290,12 +307,6 @@ class PlainDecoder(Decoder):
             rows.append(row)
         return mx.concatenate(rows, axis=0)
 
-    def _sample(self, logprobs: Any) -> Any:
-        samplers = [s.seq.sampler for s in self.slots]
-        if all(sp is samplers[0] for sp in samplers):
-            return samplers[0](logprobs)
-        return mx.concatenate([sp(logprobs[i : i + 1]) for i, sp in enumerate(samplers)], axis=0)
-
     def _materialise(self, inputs: Any, input_logprobs: Any) -> dict[int, list[StepToken]]:
         """Materialise the tokens fed this step; report those not reported before."""
         tokens: list[int] = inputs.tolist()
@@ -318,3 +329,12 @@ class PlainDecoder(Decoder):
         if kv is not None and not self._quantized and max(s.fed for s in self.slots) >= kv.start:
             self._quantize_batch()  # after the step that reached the start, as mlx-lm does
         return out
+
+
+def _row_of(sampler: Any, params: Any) -> tuple[Any, Any]:
+    """A joining row for :class:`BatchDraws`: greedy, or the request's settings and key."""
+    if sampler is greedy:
+        return None, None
+    if isinstance(sampler, RandomSampler):
+        return params, sampler
+    raise TypeError(f"the plain decoder draws with mlxcore's samplers only, not {sampler!r}")

@@ -3,9 +3,9 @@
 Built once per request at set-up. Every sampled request draws from its own random
 key (its seed, or a fresh random one), so the same seed and prompt give the same
 output whatever else runs in the batch, and no request touches MLX's global random
-state. The top-p / min-p / top-k filters are plain functions here rather than
-mlx-lm's compiled ones: those capture the global random state, and an exception
-raised while one is traced leaves that state broken for every later request.
+state. The draw itself is :mod:`mlxcore.engine.row_sampling`'s (mlx-lm's distribution
+without a sort of the vocabulary); the plain decoder draws all rows of a step at once
+with the same computation, so a request's tokens do not depend on which path drew them.
 Values are range-checked before a request is accepted
 (:mod:`mlxcore.engine.validation`); the filters also skip values that mean "keep
 everything" (``top_k`` at or above the vocabulary size).
@@ -14,7 +14,6 @@ everything" (``top_k`` at or above the vocabulary size).
 from __future__ import annotations
 
 import logging
-import math
 import secrets
 from collections.abc import Sequence
 from typing import Any
@@ -23,7 +22,17 @@ import mlx.core as mx
 from mlx_lm.sample_utils import make_logits_processors
 
 from mlxcore.engine.request import GenerationRequest, SamplingParams
+from mlxcore.engine.row_sampling import (
+    RowSettings,
+    filter_logprobs,
+    finish,
+    sample_rows,
+    split_step_keys,
+    uniforms,
+)
 from mlxcore.engine.strategies import LogitsProcessor, Sampler, StepToken
+
+__all__ = ["RandomSampler", "filter_logprobs", "greedy", "make_sampler", "request_key"]
 
 log = logging.getLogger(__name__)
 
@@ -31,42 +40,6 @@ log = logging.getLogger(__name__)
 def greedy(logprobs: mx.array) -> mx.array:
     """Argmax over the last axis."""
     return mx.argmax(logprobs, axis=-1)
-
-
-def top_p_filter(logprobs: mx.array, top_p: float) -> mx.array:
-    """Keep the smallest set of most likely tokens whose probability reaches ``top_p``."""
-    ascending = mx.sort(logprobs, axis=-1)
-    probs = mx.exp(ascending.astype(mx.float32))
-    # probability mass strictly above each sorted position
-    above = mx.cumsum(probs, axis=-1, reverse=True, inclusive=False)
-    total = above[..., :1] + probs[..., :1]
-    cut = (above >= top_p * total).sum(axis=-1, keepdims=True)
-    threshold = mx.take_along_axis(ascending, cut, axis=-1)
-    return mx.where(logprobs < threshold, -math.inf, logprobs)
-
-
-def min_p_filter(logprobs: mx.array, min_p: float) -> mx.array:
-    """Drop tokens less likely than ``min_p`` times the most likely one."""
-    floor = mx.max(logprobs, axis=-1, keepdims=True) + math.log(min_p)
-    return mx.where(logprobs < floor, -math.inf, logprobs)
-
-
-def top_k_filter(logprobs: mx.array, top_k: int) -> mx.array:
-    """Keep the ``top_k`` most likely tokens (``0 < top_k < vocabulary``)."""
-    dropped = mx.argpartition(-logprobs, kth=top_k - 1, axis=-1)[..., top_k:]
-    return mx.put_along_axis(logprobs, dropped, mx.array(-math.inf, logprobs.dtype), axis=-1)
-
-
-def filter_logprobs(params: SamplingParams, logprobs: mx.array) -> mx.array:
-    """``logprobs`` with the request's top-p, min-p and top-k filters applied, in that
-    order; a value that keeps every token is skipped."""
-    if 0.0 < params.top_p < 1.0:
-        logprobs = top_p_filter(logprobs, params.top_p)
-    if 0.0 < params.min_p <= 1.0:
-        logprobs = min_p_filter(logprobs, params.min_p)
-    if 0 < params.top_k < logprobs.shape[-1]:
-        logprobs = top_k_filter(logprobs, params.top_k)
-    return logprobs
 
 
 def request_key(seed: int | None, salt: int = 0) -> Any:
@@ -77,17 +50,32 @@ def request_key(seed: int | None, salt: int = 0) -> Any:
 
 
 class RandomSampler:
-    """Temperature / top-p / top-k / min-p sampling from the request's own random key."""
+    """Temperature / top-p / top-k / min-p sampling from the request's own random key.
+
+    ``key`` is the request's key state: each step splits it (see
+    :func:`~mlxcore.engine.row_sampling.split_step_keys`). The plain decoder holds the
+    keys of its rows in one array while they are in the batch and hands each back here
+    when its row leaves.
+    """
 
     def __init__(self, params: SamplingParams) -> None:
         self.params = params
-        self._key: Any = request_key(params.seed)
+        self.key: Any = request_key(params.seed)[None]
+        self._settings = RowSettings.of([params])
 
     def __call__(self, logprobs: mx.array) -> mx.array:
-        p = self.params
-        logprobs = filter_logprobs(p, logprobs)
-        self._key, key = mx.random.split(self._key)
-        return mx.random.categorical(logprobs * (1.0 / p.temperature), key=key)
+        """One token per row of ``logprobs`` (N, V), every row with this request's
+        settings; waits for the draw (see :mod:`~mlxcore.engine.row_sampling`)."""
+        out = []
+        for i in range(logprobs.shape[0]):
+            row = logprobs[i : i + 1]
+            self.key, proposals, fallback = split_step_keys(self.key)
+            u = uniforms(proposals)
+            token, redo = sample_rows(row, self._settings, u)
+            if redo.item():
+                token = mx.array([finish(self.params, row, u, fallback[0])])
+            out.append(token)
+        return out[0] if len(out) == 1 else mx.concatenate(out)
 
 
 def make_sampler(params: SamplingParams) -> Sampler:
