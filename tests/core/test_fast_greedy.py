@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from mlxcore.defaults.decoder import NEAR_TIE, PlainDecoder, exact_greedy, near_ties
+from mlxcore.defaults.decoder import PlainDecoder
+from mlxcore.engine.row_sampling import NEAR_TIE, exact_greedy, near_ties
 
 
 def settled(logits: mx.array) -> list[int]:

@@ -13,7 +13,8 @@ of a 160 ms step at batch 32). Subtracting a per-row constant keeps the order of
 logits, and it can only change the argmax when rounding makes a smaller logit equal to
 the largest one, which needs the two within a few units in the last place. So when every
 sequence is greedy and no one asked for logprobs, a step takes ``argmax(logits)`` and
-also flags the rows where another logit lies within :data:`NEAR_TIE` of the maximum; before
+also flags the rows where another logit lies within
+:data:`~mlxcore.engine.row_sampling.NEAR_TIE` of the maximum; before
 those tokens are used, a flagged row gets mlx-lm's exact computation instead. The tokens
 are always those of the exact path.
 """
@@ -28,7 +29,13 @@ from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
 from mlxcore.engine.adapters import adapters_of, forward
 from mlxcore.engine.kv_quant import KVQuantization
-from mlxcore.engine.row_sampling import BatchDraws, PendingDraw, settle
+from mlxcore.engine.row_sampling import (
+    BatchDraws,
+    PendingDraw,
+    exact_greedy,
+    near_ties,
+    settle,
+)
 from mlxcore.engine.sampling import RandomSampler, greedy, token_with_logprobs
 from mlxcore.engine.strategies import (
     Decoder,
@@ -38,22 +45,6 @@ from mlxcore.engine.strategies import (
     SequenceCache,
     StepToken,
 )
-
-NEAR_TIE = 2.0**-16
-"""Logits this close to a row's maximum (float32) could tie with it after
-``logits - logsumexp(logits)``: the results lie within ``log(vocabulary) < 32`` of 0, where
-float32 rounding moves a value by at most ``2**-20``. Such rows take the exact path."""
-
-
-def near_ties(logits: mx.array) -> mx.array:
-    """Per row: True when a second logit lies within :data:`NEAR_TIE` of the maximum."""
-    top = mx.max(logits, axis=-1, keepdims=True)
-    return (logits >= top - NEAR_TIE).sum(axis=-1) > 1
-
-
-def exact_greedy(logits: mx.array) -> mx.array:
-    """mlx-lm's greedy pick: the argmax of the normalised log-probabilities."""
-    return mx.argmax(logits - mx.logsumexp(logits, axis=-1, keepdims=True), axis=-1)
 
 
 @attrs.define(eq=False)

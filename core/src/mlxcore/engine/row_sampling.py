@@ -47,7 +47,21 @@ DRAWS = 8
 row's numbers never depend on the batch)."""
 
 NEAR_TIE = 2.0**-16
-"""Greedy rows whose maximum logit has a rival this close take mlx-lm's exact pick."""
+"""Logits this close to a row's maximum (float32) could tie with it after
+``logits - logsumexp(logits)``: the results lie within ``log(vocabulary) < 32`` of 0, where
+float32 rounding moves a value by at most ``2**-20``. Such greedy rows take the exact path
+(see ``mlxcore.defaults.decoder``)."""
+
+
+def near_ties(logits: mx.array) -> mx.array:
+    """Per row: True when a second logit lies within :data:`NEAR_TIE` of the maximum."""
+    top = mx.max(logits, axis=-1, keepdims=True)
+    return (logits >= top - NEAR_TIE).sum(axis=-1) > 1
+
+
+def exact_greedy(logits: mx.array) -> mx.array:
+    """mlx-lm's greedy pick: the argmax of the normalised log-probabilities."""
+    return mx.argmax(logits - mx.logsumexp(logits, axis=-1, keepdims=True), axis=-1)
 
 
 @attrs.frozen
@@ -173,12 +187,9 @@ def sample_rows(logits: mx.array, settings: RowSettings, u: mx.array) -> tuple[m
     greedy_pick = ties = None
     if settings.any_greedy:
         if logits.dtype == mx.float32:
-            top = mx.max(logits, axis=-1, keepdims=True)
-            ties = (logits >= top - NEAR_TIE).sum(axis=-1) > 1
-            greedy_pick = mx.argmax(logits, axis=-1)
+            greedy_pick, ties = mx.argmax(logits, axis=-1), near_ties(logits)
         else:  # mlx-lm's pick in the model's own dtype, whose rounding makes ties
-            normalised = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-            greedy_pick = mx.argmax(normalised, axis=-1)
+            greedy_pick = exact_greedy(logits)
             ties = mx.zeros(greedy_pick.shape, mx.bool_)
         if settings.all_greedy:
             return greedy_pick, ties
@@ -343,8 +354,7 @@ def finish(
     """A flagged row's token: mlx-lm's normalised argmax for a greedy row (in the model's
     dtype), :func:`finish_row` for a sampled one."""
     if params is None or params.greedy:
-        normalised = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        picked: list[int] = mx.argmax(normalised, axis=-1).tolist()  # type: ignore[assignment]
+        picked: list[int] = exact_greedy(logits).tolist()  # type: ignore[assignment]
         return picked[0]
     drawn: list[int] = finish_row(params, logits, u, fallback_key).tolist()  # type: ignore[assignment]
     return drawn[0]

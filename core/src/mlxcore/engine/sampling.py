@@ -24,15 +24,12 @@ from mlx_lm.sample_utils import make_logits_processors
 from mlxcore.engine.request import GenerationRequest, SamplingParams
 from mlxcore.engine.row_sampling import (
     RowSettings,
-    filter_logprobs,
     finish,
     sample_rows,
     split_step_keys,
     uniforms,
 )
 from mlxcore.engine.strategies import LogitsProcessor, Sampler, StepToken
-
-__all__ = ["RandomSampler", "filter_logprobs", "greedy", "make_sampler", "request_key"]
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,8 @@ from typing import Any
 import mlx.core as mx
 
 from mlxcore.engine.request import SamplingParams
-from mlxcore.engine.sampling import RandomSampler, filter_logprobs, greedy, request_key
+from mlxcore.engine.row_sampling import filter_logprobs
+from mlxcore.engine.sampling import RandomSampler, greedy, request_key
 
 GREEDY = "greedy"
 REJECTION = "rejection"
