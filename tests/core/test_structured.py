@@ -250,6 +250,34 @@ def test_processor_masks_forces_eos_and_refuses_forbidden_tokens(rt: Runtime) ->
         proc(mx.array([*context, tok.encode("!")[0]]), logits)
 
 
+def test_a_mask_token_the_matcher_refuses_is_dropped_and_none_left_is_a_request_fault() -> None:
+    """llguidance 1.9 allows, on SmolLM2's byte-level vocabulary, the first byte token of a
+    forced rare 4-byte character and then refuses it (found by the reliability fuzz)."""
+    from mlx_lm.utils import load_tokenizer
+
+    from mlxcore.errors import RequestFault
+    from mlxcore.models.default import ensure_default_model
+    from mlxcore.structured import ConstraintUnsatisfiable
+
+    tok = load_tokenizer(ensure_default_model())
+    logits = mx.zeros((1, len(tok.vocab)))
+    for pattern, context in [("\U00055950", [5]), ("x\U00055950y", [5, tok.encode("x")[0]])]:
+        proc = make_processor(tok, Regex(pattern), prompt_len=1)
+        with pytest.raises(ConstraintUnsatisfiable, match="cannot be followed") as err:
+            for end in range(1, len(context) + 1):
+                proc(mx.array(context[:end]), logits)
+        assert isinstance(err.value, RequestFault) and err.value.code == "unsatisfiable_constraint"
+        assert len(proc.generated) == len(context) - 1
+    proc = make_processor(tok, Regex("a\U0001f600"), prompt_len=1)  # followable: untouched
+    context = [5]
+    for _ in range(8):
+        if proc.done:
+            break
+        (choice,) = allowed(proc(mx.array(context), logits))
+        context.append(choice)
+    assert context[-1] in tok.eos_token_ids and tok.decode(context[1:-1]) == "a\U0001f600"
+
+
 def test_processor_rolls_back_with_a_shorter_context(rt: Runtime) -> None:
     tok = rt.tokenizer
     proc = make_processor(tok, Regex("ab|cd"))

@@ -205,3 +205,23 @@ def test_completions_honour_a_json_schema(qwen_server: Server) -> None:
     )
     person(reply.choices[0].text)
     assert reply.choices[0].finish_reason == "stop"
+
+
+def test_a_constraint_the_tokenizer_cannot_follow_is_a_400_not_a_500(smollm: Server) -> None:
+    """A regex forcing a rare 4-byte character, which llguidance cannot produce with
+    SmolLM2's byte tokens (a 500 in the reliability fuzz): a 400, or an error event once
+    the stream has begun, naming the constraint; the server serves on."""
+    client = openai.OpenAI(base_url=smollm.v1, api_key="x", max_retries=0)
+    rare = {"structured_outputs": {"regex": "ok\U00055950"}}
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="smol", prompt="Say:", max_tokens=8, extra_body=rare)
+    body: Any = err.value.body
+    assert body["code"] == "unsatisfiable_constraint" and "cannot be followed" in body["message"]
+    with pytest.raises(openai.APIError, match="cannot be followed"):
+        for _ in client.chat.completions.create(
+            model="smol", messages=[{"role": "user", "content": "Say ok."}], max_tokens=8,
+            stream=True, extra_body=rare,
+        ):  # fmt: skip
+            pass
+    reply = client.completions.create(model="smol", prompt="Say:", max_tokens=4, temperature=0)
+    assert reply.choices[0].finish_reason == "length"

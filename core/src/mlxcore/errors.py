@@ -11,6 +11,18 @@ class MlxcoreError(Exception):
     """Base class of mlxcore's own errors."""
 
 
+class RequestFault(MlxcoreError):
+    """A request failed during generation because of what it asked for, not a server fault
+    (a constraint the model's tokenizer cannot follow). Its message is safe to show the
+    client; front ends answer it with a 400 (an error event once a stream has begun).
+
+    Attributes:
+        code: the API error code, e.g. ``unsatisfiable_constraint``.
+    """
+
+    code: str = "request_fault"
+
+
 class UsageError(MlxcoreError):
     """The user asked for something that cannot be done (bad flag, unknown name)."""
 

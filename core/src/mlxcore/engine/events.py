@@ -52,7 +52,9 @@ class FinishEvent:
 
     ``error`` is the detail for the log (never shown to clients as is); ``code`` says
     why a request failed without being at fault itself: :data:`OVERLOADED` or
-    :data:`UNAVAILABLE` (front ends answer those like overload, with Retry-After).
+    :data:`UNAVAILABLE` (front ends answer those like overload, with Retry-After). Any
+    other code is a :class:`~mlxcore.errors.RequestFault`'s: the request was at fault,
+    ``error`` is then its message for the client and ``code`` the API error code.
     """
 
     reason: str

@@ -49,7 +49,7 @@ from mlxcore.engine.strategies import (
     SequenceCache,
     StepToken,
 )
-from mlxcore.errors import MlxcoreError
+from mlxcore.errors import MlxcoreError, RequestFault
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,8 @@ class AdmittedRequest:
     seq: DecodeSequence | None = None
     reusable: bool = True
     generated: int = 0
-    failed: str | None = None
+    failed: Exception | None = None
+    """What a logits processor raised (:func:`_guard`); the request ends after the step."""
     prefill_begun: bool = False
     """True once the prefill generator ran a step (the task can no longer be batched)."""
     solo: bool = False
@@ -452,7 +453,7 @@ class BatchLoop:
             live = found
             if live.failed is not None:
                 self.decoder.remove(uid)
-                self.fail(live, RuntimeError(live.failed))
+                self.fail(live, live.failed)
             elif self.emit(live, tokens):
                 self.retire(live, self.decoder.remove(uid))
 
@@ -556,8 +557,13 @@ class BatchLoop:
         self.send(live.handle, FinishEvent(reason, live.usage, error, code))
 
     def fail(self, live: AdmittedRequest, exc: BaseException) -> None:
-        """End one request with an error (the detail goes to the log, not the client)."""
+        """End one request with an error (the detail goes to the log, not the client,
+        unless the request itself was at fault: a :class:`RequestFault`)."""
         rid = live.request.request_id or live.handle.uid
+        if isinstance(exc, RequestFault):
+            log.warning("request %s refused during generation: %s", rid, exc)
+            self.finish(live, "error", str(exc), exc.code)
+            return
         log.error("request %s failed: %s: %s", rid, type(exc).__name__, exc, exc_info=exc)
         self.finish(live, "error", f"{type(exc).__name__}: {exc}")
         repair_random_state()
@@ -588,8 +594,11 @@ def _guard(live: AdmittedRequest, proc: LogitsProcessor) -> LogitsProcessor:
             return logits
         try:
             return proc(tokens, logits)
+        except RequestFault as exc:
+            live.failed = exc
         except Exception as exc:
-            live.failed = f"logits processor {getattr(proc, '__name__', proc)!r} failed: {exc}"
-            return logits
+            name = getattr(proc, "__name__", proc)
+            live.failed = RuntimeError(f"logits processor {name!r} failed: {exc}")
+        return logits
 
     return guarded

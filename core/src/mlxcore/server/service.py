@@ -285,6 +285,9 @@ def _unavailable_message(event: FinishEvent) -> str:
 def _generation_error(request_id: str, event: FinishEvent) -> APIError:
     if event.code in (OVERLOADED, UNAVAILABLE):
         return overloaded(_unavailable_message(event))
+    if event.code is not None:  # the request's own fault: its message is for the client
+        message = event.error or "the request cannot be completed"
+        return APIError(400, message, type="invalid_request_error", code=event.code)
     return APIError(
         500,
         f"generation failed for request {request_id}; the server log has the details",

@@ -33,6 +33,7 @@ from mlxcore.structured.constraints import (
 )
 from mlxcore.structured.processor import (
     ConstrainedProcessor,
+    ConstraintUnsatisfiable,
     ConstraintViolation,
     apply_bitmask,
     make_processor,
@@ -72,6 +73,7 @@ __all__ = [
     "ConstrainedToolCallParser",
     "Constraint",
     "ConstraintError",
+    "ConstraintUnsatisfiable",
     "ConstraintViolation",
     "JsonObject",
     "JsonSchema",

@@ -21,12 +21,20 @@ import llguidance
 import mlx.core as mx
 import numpy as np
 
+from mlxcore.errors import RequestFault
 from mlxcore.structured.compiler import CompiledTokenizer, compiled_tokenizer
 from mlxcore.structured.constraints import Constraint
 
 
 class ConstraintViolation(RuntimeError):
     """A generated token broke the constraint, or the matcher failed."""
+
+
+class ConstraintUnsatisfiable(ConstraintViolation, RequestFault):
+    """No token the grammar allows next can be consumed: the constraint cannot be followed
+    with this model's tokenizer (the request's fault, answered with a 400)."""
+
+    code = "unsatisfiable_constraint"
 
 
 @mx.compile
@@ -201,6 +209,7 @@ class ConstrainedProcessor:
             self.matcher.unsafe_compute_mask_ptr(self._words.ctypes.data, filled)
             if self.matcher.is_error():
                 raise ConstraintViolation(f"the {self.what} matcher failed: {self._error()}")
+            self._drop_unconsumable(self._words)
             words = self._words
             if self.may_open is not None and not self.generated:
                 words = words.copy()  # the first token may also open the reasoning
@@ -208,9 +217,48 @@ class ConstrainedProcessor:
             self._mask = mx.array(words)
         return self._mask
 
+    def _drop_unconsumable(self, words: np.ndarray) -> None:
+        """Clear, in a narrow mask (at most :data:`NARROW` tokens), the tokens the matcher's
+        own consume step refuses, and raise :class:`ConstraintUnsatisfiable` when none is
+        left.
+
+        llguidance 1.9 can allow a token it then refuses to consume: the first byte of a
+        forced 4-byte UTF-8 character, on byte-level tokenizers. Such masks are forced
+        paths, one or two tokens wide; wide masks are left as they are.
+        """
+        nonzero = np.flatnonzero(words)
+        if len(nonzero) > NARROW:
+            return
+        bits = words.view(np.uint32)
+        tokens = [32 * int(w) + b for w in nonzero for b in range(32) if bits[w] >> b & 1]
+        if len(tokens) > NARROW:
+            return
+        kept = 0
+        for token in tokens:
+            if token in self.compiled.eos_token_ids or self._consumable(token):
+                kept += 1
+            else:
+                bits[token // 32] &= ~np.uint32(1 << (token % 32))
+        if tokens and not kept:
+            raise ConstraintUnsatisfiable(
+                f"the {self.what} cannot be followed with this model's tokenizer at output "
+                f"position {len(self.generated)}: no token it allows can be produced "
+                f"(characters outside the Basic Multilingual Plane in a forced part of the "
+                f"pattern are a known cause)"
+            )
+
+    def _consumable(self, token: int) -> bool:
+        consumed = self.matcher.try_consume_tokens([token])
+        if consumed:
+            self.matcher.rollback(consumed)
+        return consumed == 1
+
     def _error(self) -> str:
         return str(self.matcher.get_error()).split("\n<state>", 1)[0].strip() or "no detail"
 
+
+NARROW = 8
+"""Masks allowing at most this many tokens are checked token by token."""
 
 RECHECK = 64
 """Output tokens compared at each call to find where the context changed."""
