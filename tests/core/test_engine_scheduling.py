@@ -133,6 +133,31 @@ def test_a_long_prefill_is_chunked_at_the_decode_budget_while_others_decode(
     assert len(during) >= 20, len(during)
 
 
+def test_the_time_share_sizes_the_chunks_from_measured_steps(
+    tiny_llama: Path, runtime: Callable[..., Runtime]
+) -> None:
+    """A tiny share: once a stretched step has been measured, chunks fall to the floor
+    (32 tokens) instead of the 256-token cap; tokens stay mlx-lm's."""
+    rt = runtime(tiny_llama, prefill_step_size=512, prefill_decode_chunk=256,
+                 prefill_time_share=0.001)  # fmt: skip
+    runner = GenerationRequest(tuple(token_ids(6, 20)), 160)
+    runner_res = Timed()
+    rt.engine.submit(runner, runner_res.sink)
+    long_req = GenerationRequest(tuple(token_ids(7, 1000)), 4)
+    [long_res] = submit_when(rt, lambda: len(runner_res.times) >= 3, [long_req])
+    submitted = time.perf_counter()
+    wait_all([runner_res, long_res])
+    assert_matches_mlx_lm(rt, runner, runner_res)
+    assert_matches_mlx_lm(rt, long_req, long_res)
+    if runner_res.finish is not None and runner_res.finish.reason == "stop":
+        pytest.skip("the runner stopped early; nothing to interleave with")
+    pacer = rt.engine._loop.pacer
+    assert pacer.decode_period is not None and pacer.token_cost is not None
+    during = [t for t in runner_res.times if submitted < t < long_res.times[0]]
+    # the first chunk takes the cap (nothing measured yet), then (1000 - 256) / 32 = 23.25
+    assert len(during) >= 20, len(during)
+
+
 def test_the_decode_chunk_flag_is_validated() -> None:
     from mlxcore.settings import non_negative_int
 

@@ -14,6 +14,7 @@ import attrs
 
 from mlxcore.settings import (
     byte_size,
+    fraction,
     json_object,
     log_level,
     non_negative_int,
@@ -71,6 +72,13 @@ class ServerConfig:
         256, group=ENGINE, type=non_negative_int,
         help="prefill tokens per engine step while other sequences decode (long prompts are "
         "split so running streams keep their pace); 0: the full --prefill-step-size",
+    )  # fmt: skip
+    prefill_time_share: float = setting(
+        0.5, group=ENGINE, type=fraction, metavar="FRACTION",
+        help="while sequences decode, a long prompt's prefill chunk is sized to add at most "
+        "this fraction of a decode step's measured time (at least 32 tokens, at most "
+        "--prefill-decode-chunk), so running streams keep a steady inter-token latency; "
+        "0: the token budget alone (always 0 with --distributed)",
     )  # fmt: skip
     prefill_batch_size: int = setting(
         8, group=ENGINE, type=positive_int,

@@ -167,6 +167,17 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def fraction(text: str) -> float:
+    """A number from 0 to 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, got {text!r}")
+    return value
+
+
 def seconds(text: str) -> float:
     """A finite number of seconds >= 0."""
     try:

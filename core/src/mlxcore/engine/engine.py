@@ -170,6 +170,8 @@ class Engine(Admission):
             self.config.prefill_step_size,
             self.config.prefill_decode_chunk,
             self.counters,
+            # ranks must plan identical steps; their clocks differ
+            0.0 if self.config.distributed else self.config.prefill_time_share,
         )
 
     @property

@@ -23,16 +23,16 @@ from __future__ import annotations
 
 import collections
 import logging
+import time
 from typing import Any
 
-import attrs
-
+from mlxcore.engine.admitted import AdmittedRequest, Parked, guard, unbuilt_sampler
 from mlxcore.engine.cache_explain import EXPLAIN_OPTION, CacheExplanation
 from mlxcore.engine.events import Event, FinishEvent, RequestHandle, TokenEvent, Usage, send
 from mlxcore.engine.parts import EngineParts
+from mlxcore.engine.prefill_pacer import PrefillPacer
 from mlxcore.engine.prefill_plan import find_shared_prefix, plan_step
 from mlxcore.engine.quarantine import Quarantine
-from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.sampling import (
     make_processors,
     make_sampler,
@@ -41,66 +41,14 @@ from mlxcore.engine.sampling import (
 )
 from mlxcore.engine.strategies import (
     DecodeSequence,
-    LogitsProcessor,
-    PrefillGenerator,
     PrefillResult,
     PrefillTask,
-    Sampler,
     SequenceCache,
     StepToken,
 )
 from mlxcore.errors import MlxcoreError, RequestFault
 
 log = logging.getLogger(__name__)
-
-
-@attrs.define(eq=False)
-class AdmittedRequest:
-    """Engine-side state of one admitted request."""
-
-    handle: RequestHandle
-    sampler: Sampler
-    processors: list[LogitsProcessor]
-    stop_ids: frozenset[int]
-    usage: Usage
-    prefill: PrefillGenerator | None = None
-    task: PrefillTask | None = None
-    seq: DecodeSequence | None = None
-    reusable: bool = True
-    generated: int = 0
-    failed: Exception | None = None
-    """What a logits processor raised (:func:`_guard`); the request ends after the step."""
-    prefill_begun: bool = False
-    """True once the prefill generator ran a step (the task can no longer be batched)."""
-    solo: bool = False
-    """True after a batched prefill with this task failed: prefill it alone."""
-    processed: int = 0
-    """Prompt tokens the prefill processed so far (after the cached ``task.start``)."""
-    prompt_logprobs: list[StepToken] | None = None
-    """Computed by the prefill, sent with the first tokens."""
-
-    @property
-    def request(self) -> GenerationRequest:
-        return self.handle.request
-
-    @property
-    def progress(self) -> int:
-        """Prompt tokens the request's cache holds now."""
-        return (self.task.start if self.task is not None else 0) + self.processed
-
-    @property
-    def remaining(self) -> int:
-        """Prompt tokens still to process."""
-        return len(self.request.prompt_tokens) - self.progress
-
-
-@attrs.frozen
-class Parked:
-    """A request waiting until ``leader``'s prefill holds its first ``length`` tokens."""
-
-    follower: AdmittedRequest
-    leader: AdmittedRequest
-    length: int
 
 
 class BatchLoop:
@@ -115,6 +63,9 @@ class BatchLoop:
         decode_chunk: the prefill token budget of a step while sequences decode (0: the
             same as ``prefill_step_size``).
         counters: totals kept across loops (``prompt_tokens_processed``).
+        prefill_share: while sequences decode, the fraction of a decode step's measured
+            time a step's prefill work may add (:mod:`mlxcore.engine.prefill_pacer`;
+            at most ``decode_chunk`` tokens); 0: the token budget alone.
     """
 
     def __init__(
@@ -125,12 +76,15 @@ class BatchLoop:
         prefill_step_size: int,
         decode_chunk: int = 0,
         counters: collections.Counter[str] | None = None,
+        prefill_share: float = 0.0,
     ) -> None:
         self.parts = parts
         self.eos_token_ids = eos_token_ids
         self.prefill_batch_size = prefill_batch_size
         self.prefill_step_size = prefill_step_size
         self.decode_chunk = decode_chunk
+        self.pacer = PrefillPacer(prefill_share, decode_chunk or prefill_step_size)
+        """Sizes a long prompt's chunks while sequences decode."""
         self.counters: collections.Counter[str] = (
             counters if counters is not None else collections.Counter()
         )
@@ -158,15 +112,17 @@ class BatchLoop:
             self.admit(handle)
         self.retire_cancelled()
         self.unpark()
-        if self.prefilling:
-            self.prefill_step()
-        if len(self.decoder) or self.quarantine:
+        started = time.perf_counter()
+        chunk = self.prefill_step() if self.prefilling else 0
+        decoded = bool(len(self.decoder) or self.quarantine)
+        if decoded:
             self.decode_step()
+        self.pacer.observe(time.perf_counter() - started, chunk, decoded)
 
     def admit(self, handle: RequestHandle) -> None:
         req = handle.request
         usage = Usage(prompt_tokens=len(req.prompt_tokens))
-        live = AdmittedRequest(handle, _unbuilt_sampler, [], frozenset(), usage)
+        live = AdmittedRequest(handle, unbuilt_sampler, [], frozenset(), usage)
         self.live[handle.uid] = live
         try:
             live.sampler = make_sampler(req.sampling)
@@ -305,9 +261,12 @@ class BatchLoop:
             live.solo = True
             return False
 
-    def prefill_step(self) -> None:
+    def prefill_step(self) -> int:
         """One step's prefill work, chosen by :func:`~mlxcore.engine.prefill_plan.plan_step`:
-        short prompts whole (together when they can), or the next chunk of a long one."""
+        short prompts whole (together when they can), or the next chunk of a long one.
+        A long prompt's chunk is sized by the pacer while sequences decode; returns the
+        chunk's planned tokens (the pacer's measurement), -1 for short prompts (whose
+        cost is mostly the join, not their tokens: the pacer leaves them alone)."""
         self._drop_cancelled_prefills()
         decoding = len(self.decoder) > 0
         budget = self.prefill_step_size
@@ -321,12 +280,14 @@ class BatchLoop:
             self.prefilling, is_short, budget, self.prefill_batch_size, self.shorts_in_a_row
         )
         if plan is None:
-            return
+            return 0
         group: list[AdmittedRequest] = plan.group  # type: ignore[assignment]
         if not plan.short:
             self.shorts_in_a_row = 0
-            self.advance_prefill(group[0], budget if decoding else None)
-            return
+            chunk = min(budget, self.pacer.budget()) if decoding else None
+            planned = min(chunk or budget, group[0].remaining)
+            self.advance_prefill(group[0], chunk)
+            return planned
         more = len(self.prefilling) > len(group)
         self.shorts_in_a_row = self.shorts_in_a_row + 1 if more else 0
         together = [live for live in group if self._batchable(live)] if len(group) > 1 else []
@@ -334,6 +295,7 @@ class BatchLoop:
             group = [live for live in group if live not in together]
         for live in group:
             self.prefill_whole(live)
+        return -1
 
     def _drop_cancelled_prefills(self) -> None:
         for live in [x for x in self.prefilling if x.handle.cancel_reason is not None]:
@@ -419,7 +381,7 @@ class BatchLoop:
                 tokens=[*prompt, first.token],
                 next_token=first.token,
                 sampler=live.sampler,
-                logits_processors=[_guard(live, p) for p in live.processors],
+                logits_processors=[guard(live, p) for p in live.processors],
                 position_offset=result.position_offset,
             )
         except Exception as exc:
@@ -579,26 +541,3 @@ class BatchLoop:
     def send(self, handle: RequestHandle, event: Event) -> None:
         if not self.abandoned:
             send(handle, event)
-
-
-def _unbuilt_sampler(logprobs: Any) -> Any:
-    """Stands in until the request's own sampler is built (building may fail)."""
-    raise MlxcoreError("the request's sampler was never built")
-
-
-def _guard(live: AdmittedRequest, proc: LogitsProcessor) -> LogitsProcessor:
-    """Wrap a processor so its exception fails only its own request, not the batch."""
-
-    def guarded(tokens: Any, logits: Any) -> Any:
-        if live.failed is not None:
-            return logits
-        try:
-            return proc(tokens, logits)
-        except RequestFault as exc:
-            live.failed = exc
-        except Exception as exc:
-            name = getattr(proc, "__name__", proc)
-            live.failed = RuntimeError(f"logits processor {name!r} failed: {exc}")
-        return logits
-
-    return guarded

@@ -1,0 +1,95 @@
+"""Engine-side state of an admitted request, and the guard around its logits processors.
+
+Kept apart from :mod:`mlxcore.engine.loop` (which owns these records) so the loop reads
+as the request's path: admit, prefill, decode, finish.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from mlxcore.engine.events import RequestHandle, Usage
+from mlxcore.engine.request import GenerationRequest
+from mlxcore.engine.strategies import (
+    DecodeSequence,
+    LogitsProcessor,
+    PrefillGenerator,
+    PrefillTask,
+    Sampler,
+    StepToken,
+)
+from mlxcore.errors import MlxcoreError, RequestFault
+
+
+@attrs.define(eq=False)
+class AdmittedRequest:
+    """Engine-side state of one admitted request (owned by the batch loop)."""
+
+    handle: RequestHandle
+    sampler: Sampler
+    processors: list[LogitsProcessor]
+    stop_ids: frozenset[int]
+    usage: Usage
+    prefill: PrefillGenerator | None = None
+    task: PrefillTask | None = None
+    seq: DecodeSequence | None = None
+    reusable: bool = True
+    generated: int = 0
+    failed: Exception | None = None
+    """What a logits processor raised (:func:`guard`); the request ends after the step."""
+    prefill_begun: bool = False
+    """True once the prefill generator ran a step (the task can no longer be batched)."""
+    solo: bool = False
+    """True after a batched prefill with this task failed: prefill it alone."""
+    processed: int = 0
+    """Prompt tokens the prefill processed so far (after the cached ``task.start``)."""
+    prompt_logprobs: list[StepToken] | None = None
+    """Computed by the prefill, sent with the first tokens."""
+
+    @property
+    def request(self) -> GenerationRequest:
+        return self.handle.request
+
+    @property
+    def progress(self) -> int:
+        """Prompt tokens the request's cache holds now."""
+        return (self.task.start if self.task is not None else 0) + self.processed
+
+    @property
+    def remaining(self) -> int:
+        """Prompt tokens still to process."""
+        return len(self.request.prompt_tokens) - self.progress
+
+
+@attrs.frozen
+class Parked:
+    """A request waiting until ``leader``'s prefill holds its first ``length`` tokens."""
+
+    follower: AdmittedRequest
+    leader: AdmittedRequest
+    length: int
+
+
+def unbuilt_sampler(logprobs: Any) -> Any:
+    """Stands in until the request's own sampler is built (building may fail)."""
+    raise MlxcoreError("the request's sampler was never built")
+
+
+def guard(live: AdmittedRequest, proc: LogitsProcessor) -> LogitsProcessor:
+    """Wrap a processor so its exception fails only its own request, not the batch."""
+
+    def guarded(tokens: Any, logits: Any) -> Any:
+        if live.failed is not None:
+            return logits
+        try:
+            return proc(tokens, logits)
+        except RequestFault as exc:
+            live.failed = exc
+        except Exception as exc:
+            name = getattr(proc, "__name__", proc)
+            live.failed = RuntimeError(f"logits processor {name!r} failed: {exc}")
+        return logits
+
+    return guarded
