@@ -17,6 +17,14 @@ also flags the rows where another logit lies within
 :data:`~mlxcore.engine.row_sampling.NEAR_TIE` of the maximum; before
 those tokens are used, a flagged row gets mlx-lm's exact computation instead. The tokens
 are always those of the exact path.
+
+**Rows leave lazily.** Taking a row out of mlx-lm's batch caches copies every layer's
+keys and values, and must first wait for the step in flight: done at every removal, it
+stretched the running streams' gap to about two steps each time a stream ended (16
+streams ending together: a dozen such gaps, the inter-token p99). A removed sequence's
+cache is extracted at once (lazily), but its row stays in the batch, computed and
+ignored, until the next join (which waits for the step in flight anyway) or until
+:data:`LEFT_SHARE` of the rows have left; then one compaction drops them all.
 """
 
 from __future__ import annotations
@@ -46,6 +54,9 @@ from mlxcore.engine.strategies import (
     StepToken,
 )
 
+LEFT_SHARE = 0.25
+"""Compact the batch once this share of its rows belongs to removed sequences."""
+
 
 @attrs.define(eq=False)
 class _Slot:
@@ -56,6 +67,8 @@ class _Slot:
     """How many of ``seq.tokens`` the batch cache holds."""
     in_flight: bool = False
     """True when a sampled token for this sequence is waiting in ``_pending``."""
+    left: bool = False
+    """The sequence was removed; its row stays until the batch is compacted."""
 
 
 class PlainDecoder(Decoder):
@@ -104,24 +117,37 @@ class PlainDecoder(Decoder):
         return {"greedy_exact_fallbacks": self.exact_fallbacks, "sampling_redraws": self.redrawn}
 
     def __len__(self) -> int:
-        return len(self.slots) + len(self._joining)
+        return sum(not slot.left for slot in self.slots) + len(self._joining)
 
     def add(self, seq: DecodeSequence) -> None:
         self._joining.append(seq)
 
     def remove(self, uid: int) -> SequenceCache | None:
-        self._settle()
+        """Take ``uid`` out: its own cache now (lazily), its row at the next compaction."""
         for i, seq in enumerate(self._joining):
             if seq.uid == uid:
                 del self._joining[i]
                 return SequenceCache(seq.cache, len(seq.tokens) - 1)
-        idx = next((i for i, s in enumerate(self.slots) if s.seq.uid == uid), None)
+        idx = next((i for i, s in enumerate(self.slots) if s.seq.uid == uid and not s.left), None)
         if idx is None:
             return None
         slot = self.slots[idx]
         own = SequenceCache([layer.extract(idx) for layer in self.cache], slot.fed)
-        keep = [i for i in range(len(self.slots)) if i != idx]
-        del self.slots[idx]
+        slot.left = True
+        if all(s.left for s in self.slots):
+            self._compact()
+        return own
+
+    def _compact_if_due(self) -> None:
+        left = sum(slot.left for slot in self.slots)
+        if left and (self._joining or left >= LEFT_SHARE * len(self.slots)):
+            self._compact()
+
+    def _compact(self) -> None:
+        """Drop the rows of removed sequences from the batch (waits for the step in flight)."""
+        self._settle()
+        keep = [i for i, slot in enumerate(self.slots) if not slot.left]
+        self.slots = [self.slots[i] for i in keep]
         self._rows.keep(keep)
         if keep:
             for layer in self.cache:
@@ -135,7 +161,6 @@ class PlainDecoder(Decoder):
             self.cache = []
             self._quantized = False
             self._pending = self._pending_logprobs = None
-        return own
 
     def _joins_quantized(self, joining: list[DecodeSequence]) -> bool:
         """Whether the batch must be quantized once ``joining`` are in it."""
@@ -217,6 +242,8 @@ class PlainDecoder(Decoder):
             return None
         out = [Salvaged(seq) for seq in self._joining]
         for i, slot in enumerate(self.slots):
+            if slot.left:
+                continue
             seq = slot.seq
             seq.cache = [layer.extract(i) for layer in self.cache]
             unreported: list[StepToken] = []
@@ -237,6 +264,7 @@ class PlainDecoder(Decoder):
 
     def step(self) -> dict[int, list[StepToken]]:
         self._touched = True
+        self._compact_if_due()
         self._merge_joining()
         if not self.slots:
             self._touched = False
@@ -246,8 +274,9 @@ class PlainDecoder(Decoder):
         requests = [s.seq.request for s in self.slots] if self._adapted else ()
         logits = forward(self.model, inputs[:, None], self.cache, requests)[:, -1, :]
         logits = self._process(logits, inputs)
-        wants = any(s.seq.request.sampling.logprobs for s in self.slots)
-        all_greedy = all(s.seq.sampler is greedy for s in self.slots)
+        live = [s for s in self.slots if not s.left]
+        wants = any(s.seq.request.sampling.logprobs for s in live)
+        all_greedy = all(s.seq.sampler is greedy for s in live)
         if all_greedy and not wants and logits.dtype == mx.float32:
             self._pending = mx.argmax(logits, axis=-1)
             self._unchecked = (logits, near_ties(logits))
@@ -284,12 +313,12 @@ class PlainDecoder(Decoder):
             self._pending = mx.where(ties, exact_greedy(logits), self._pending)
 
     def _process(self, logits: Any, inputs: Any) -> Any:
-        if not any(s.seq.logits_processors for s in self.slots):
+        if not any(s.seq.logits_processors and not s.left for s in self.slots):
             return logits
         rows = []
         for i, slot in enumerate(self.slots):
             row = logits[i : i + 1]
-            if slot.seq.logits_processors:
+            if slot.seq.logits_processors and not slot.left:
                 context = mx.array(slot.seq.tokens)
                 if slot.in_flight:
                     context = mx.concatenate([context, inputs[i : i + 1]])
@@ -304,7 +333,7 @@ class PlainDecoder(Decoder):
         out: dict[int, list[StepToken]] = {}
         for i, (slot, tok) in enumerate(zip(self.slots, tokens, strict=True)):
             slot.fed += 1
-            if slot.in_flight:
+            if slot.in_flight and not slot.left:
                 seq = slot.seq
                 seq.tokens.append(tok)
                 seq.next_token = tok

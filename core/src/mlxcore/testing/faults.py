@@ -84,10 +84,12 @@ class FaultyDecoder(PlainDecoder):
         return action
 
     def step(self) -> dict[int, list[StepToken]]:
-        for seq in [slot.seq for slot in self.slots] + list(self._joining):
+        for seq in [slot.seq for slot in self.slots if not slot.left] + list(self._joining):
             if fault_of(seq.request, "decoder") == "poison":
                 raise InjectedFault(f"injected fault at decoder (request {seq.uid} in the batch)")
         for slot in self.slots:
+            if slot.left:
+                continue
             action = self._armed(slot.seq, "decoder")
             if action is not None:
                 fire(action, "decoder")
