@@ -113,22 +113,31 @@ def test_short_requests_arriving_during_a_long_prefill_go_first(
     assert rt.engine.stats()["prefill_batched_requests"] >= 2
 
 
-def test_a_long_prefill_is_chunked_at_the_decode_budget_while_others_decode(
-    tiny_llama: Path, runtime: Callable[..., Runtime]
-) -> None:
-    rt = runtime(tiny_llama, prefill_step_size=512, prefill_decode_chunk=16)
-    runner = GenerationRequest(tuple(token_ids(4, 20)), 120)
+def runner_tokens_during_a_long_prefill(
+    rt: Runtime, seed: int, runner_tokens: int, long_tokens: int, after: int
+) -> list[float]:
+    """A runner decodes; after ``after`` of its tokens a long prompt arrives. Returns the
+    times of the runner's tokens while the long prompt waited for its first token (both
+    checked against mlx-lm; skips when the runner stopped early)."""
+    runner = GenerationRequest(tuple(token_ids(seed, 20)), runner_tokens)
     runner_res = Timed()
     rt.engine.submit(runner, runner_res.sink)
-    long_req = GenerationRequest(tuple(token_ids(5, 400)), 4)
-    [long_res] = submit_when(rt, lambda: len(runner_res.times) >= 2, [long_req])
+    long_req = GenerationRequest(tuple(token_ids(seed + 1, long_tokens)), 4)
+    [long_res] = submit_when(rt, lambda: len(runner_res.times) >= after, [long_req])
     submitted = time.perf_counter()
     wait_all([runner_res, long_res])
     assert_matches_mlx_lm(rt, runner, runner_res)
     assert_matches_mlx_lm(rt, long_req, long_res)
     if runner_res.finish is not None and runner_res.finish.reason == "stop":
         pytest.skip("the runner stopped early; nothing to interleave with")
-    during = [t for t in runner_res.times if submitted < t < long_res.times[0]]
+    return [t for t in runner_res.times if submitted < t < long_res.times[0]]
+
+
+def test_a_long_prefill_is_chunked_at_the_decode_budget_while_others_decode(
+    tiny_llama: Path, runtime: Callable[..., Runtime]
+) -> None:
+    rt = runtime(tiny_llama, prefill_step_size=512, prefill_decode_chunk=16)
+    during = runner_tokens_during_a_long_prefill(rt, 4, 120, 400, after=2)
     # 400 tokens in 16-token chunks: about 25 steps, each with a decode step for the runner
     assert len(during) >= 20, len(during)
 
@@ -140,20 +149,9 @@ def test_the_time_share_sizes_the_chunks_from_measured_steps(
     (32 tokens) instead of the 256-token cap; tokens stay mlx-lm's."""
     rt = runtime(tiny_llama, prefill_step_size=512, prefill_decode_chunk=256,
                  prefill_time_share=0.001)  # fmt: skip
-    runner = GenerationRequest(tuple(token_ids(6, 20)), 160)
-    runner_res = Timed()
-    rt.engine.submit(runner, runner_res.sink)
-    long_req = GenerationRequest(tuple(token_ids(7, 1000)), 4)
-    [long_res] = submit_when(rt, lambda: len(runner_res.times) >= 3, [long_req])
-    submitted = time.perf_counter()
-    wait_all([runner_res, long_res])
-    assert_matches_mlx_lm(rt, runner, runner_res)
-    assert_matches_mlx_lm(rt, long_req, long_res)
-    if runner_res.finish is not None and runner_res.finish.reason == "stop":
-        pytest.skip("the runner stopped early; nothing to interleave with")
+    during = runner_tokens_during_a_long_prefill(rt, 6, 160, 1000, after=3)
     pacer = rt.engine._loop.pacer
     assert pacer.decode_period is not None and pacer.token_cost is not None
-    during = [t for t in runner_res.times if submitted < t < long_res.times[0]]
     # the first chunk takes the cap (nothing measured yet), then (1000 - 256) / 32 = 23.25
     assert len(during) >= 20, len(during)
 

@@ -74,7 +74,7 @@ class ServerConfig:
         "split so running streams keep their pace); 0: the full --prefill-step-size",
     )  # fmt: skip
     prefill_time_share: float = setting(
-        0.5, group=ENGINE, type=fraction, metavar="FRACTION",
+        1.0, group=ENGINE, type=fraction, metavar="FRACTION",
         help="while sequences decode, a long prompt's prefill chunk is sized to add at most "
         "this fraction of a decode step's measured time (at least 32 tokens, at most "
         "--prefill-decode-chunk), so running streams keep a steady inter-token latency; "
