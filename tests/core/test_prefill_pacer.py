@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mlxcore.engine.prefill_pacer import FLOOR_TOKENS, PrefillPacer
+from mlxcore.engine.prefill_pacer import PrefillPacer
 from mlxcore.settings import fraction
 
 
@@ -20,20 +20,21 @@ def test_the_cap_applies_until_both_figures_are_measured() -> None:
 def test_the_budget_adds_the_share_of_a_decode_period() -> None:
     pacer = PrefillPacer(share=0.5, cap=256)
     pacer.observe(0.100, 0, decoded=True)
-    pacer.observe(0.100 + 200 * 0.001, 200, decoded=True)  # 1 ms a prefilled token
-    assert pacer.token_cost == pytest.approx(0.001)
-    assert pacer.budget() == 50  # 0.5 x 100 ms at 1 ms a token
+    pacer.observe(0.100 + 200 * 0.0003, 200, decoded=True)  # 0.3 ms a prefilled token
+    assert pacer.token_cost == pytest.approx(0.0003)
+    assert pacer.budget() == 167  # 0.5 x 100 ms at 0.3 ms a token
 
 
 def test_a_deeper_context_costs_more_and_shrinks_the_budget_down_to_the_floor() -> None:
     pacer = PrefillPacer(share=0.5, cap=256)
+    assert pacer.floor == 128
     pacer.observe(0.100, 0, decoded=True)
     budgets = []
-    for cost in (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016):  # a long prompt's chunks
+    for cost in (0.0001, 0.0002, 0.0003, 0.0004, 0.0008, 0.0016):  # a long prompt's chunks
         pacer.observe(0.100 + 64 * cost, 64, decoded=True)
         budgets.append(pacer.budget())
-    assert budgets == sorted(budgets, reverse=True) and budgets[0] == 100  # 50 ms / 0.5 ms
-    assert budgets[-1] == FLOOR_TOKENS
+    assert budgets == sorted(budgets, reverse=True) and budgets[0] == 256
+    assert 128 < budgets[3] < 256 and budgets[-1] == 128
 
 
 def test_off_cheap_and_small_caps() -> None:
@@ -45,10 +46,10 @@ def test_off_cheap_and_small_caps() -> None:
     cheap.observe(0.1, 0, decoded=True)
     cheap.observe(0.1, 100, decoded=True)  # no measurable cost: the cap
     assert cheap.budget() == 256
-    small = PrefillPacer(share=0.5, cap=16)  # a cap below the floor wins
+    small = PrefillPacer(share=0.5, cap=1)  # the floor is at least one token
     small.observe(0.1, 0, decoded=True)
-    small.observe(5.0, 16, decoded=True)
-    assert small.budget() == 16
+    small.observe(5.0, 1, decoded=True)
+    assert small.budget() == 1
 
 
 def test_the_period_follows_the_batch() -> None:

@@ -76,7 +76,7 @@ class ServerConfig:
     prefill_time_share: float = setting(
         1.0, group=ENGINE, type=fraction, metavar="FRACTION",
         help="while sequences decode, a long prompt's prefill chunk is sized to add at most "
-        "this fraction of a decode step's measured time (at least 32 tokens, at most "
+        "this fraction of a decode step's measured time (at least half, at most all of "
         "--prefill-decode-chunk), so running streams keep a steady inter-token latency; "
         "0: the token budget alone (always 0 with --distributed)",
     )  # fmt: skip

@@ -14,7 +14,7 @@ pacer measures instead:
   chunk of a long prompt weighs most, so the cost follows its growing context).
 
 A step's budget is then ``share`` of the decode period divided by the cost per token,
-between :data:`FLOOR_TOKENS` (prefill always moves) and the token cap. Until both figures
+between :data:`FLOOR_SHARE` of the cap (prefill keeps moving) and the cap. Until both figures
 are measured the cap applies. Pure bookkeeping on numbers the loop passes in, so it is
 tested alone; the loop owns the clock.
 
@@ -28,9 +28,12 @@ from __future__ import annotations
 
 import attrs
 
-FLOOR_TOKENS = 32
-"""The fewest tokens a step prefills while sequences decode (smaller passes waste more
-than they save)."""
+FLOOR_SHARE = 0.5
+"""The smallest chunk, as a share of the cap (128 of the default 256 tokens). A chunk's cost
+is not proportional to its tokens: deep in a long prompt each pass also reads the whole
+KV cache, so small chunks cost nearly as much as large ones. Measured (8 streams
+decoding, a cold 8K prompt): with 32-token chunks the prompt's TTFT went from 25.5 s to
+61 s for an inter-token p99 of 0.51 s instead of 1.72 s."""
 
 WEIGHT = 0.3
 """Weight of the newest observation in the exponential averages."""
@@ -58,7 +61,12 @@ class PrefillPacer:
         if self.share <= 0 or self.decode_period is None or not self.token_cost:
             return self.cap
         tokens = round(self.share * self.decode_period / self.token_cost)
-        return max(min(FLOOR_TOKENS, self.cap), min(self.cap, tokens))
+        return max(self.floor, min(self.cap, tokens))
+
+    @property
+    def floor(self) -> int:
+        """The smallest chunk (:data:`FLOOR_SHARE` of the cap, at least one token)."""
+        return max(1, int(self.cap * FLOOR_SHARE))
 
     def observe(self, seconds: float, prefilled: int, decoded: bool) -> None:
         """Record one engine step: its duration, the paced prompt tokens it prefilled
