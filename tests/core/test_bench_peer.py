@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from mlxcore.bench.peer import summarize
+from mlxcore.bench.peer import Peer, format_peer, parse_peers, summarize, turn_order
 from mlxcore.bench.server import ServerProcess
+from mlxcore.errors import UsageError
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.e2e, pytest.mark.slow]
 
@@ -43,7 +44,8 @@ def test_peer_mode_runs_every_workload_on_both_sides(tiny_qwen3: Path, tmp_path:
     for name, summary in result["workloads"].items():
         assert len(summary["pairs"]) == 1, name
         assert summary["mlxcore"] and summary["peer"], name
-        assert "ttft_p50_s" in summary["ratios"] or "long_ttft_s" in summary["ratios"], name
+        ratios = summary["ratios"]["peer"]  # one unnamed peer: named "peer"
+        assert "ttft_p50_s" in ratios or "long_ttft_s" in ratios, name
     mixed = result["workloads"]["mixed"]["mlxcore"]
     # cold: only the chat template's first tokens can match an earlier prompt
     assert mixed["long_prompt_tokens"] >= 300 and mixed["long_cached_tokens"] < 8
@@ -68,6 +70,56 @@ def test_ratios_are_medians_over_pairs() -> None:
         pair((3.0, 10.0), (3.0, 0.0)),
     ]
     out = summarize(pairs)
-    assert out["ratios"]["ttft_p50_s"] == 0.5  # median of 0.5, 0.25, 1.0
-    assert out["ratios"]["aggregate_tok_s"] == 1.75  # a zero peer value gives no ratio
+    assert out["ratios"]["peer"]["ttft_p50_s"] == 0.5  # median of 0.5, 0.25, 1.0
+    assert out["ratios"]["peer"]["aggregate_tok_s"] == 1.75  # a zero peer value: no ratio
     assert out["mlxcore"]["aggregate_tok_s"] == 30.0 and out["peer"]["ttft_p50_s"] == 3.0
+
+
+def test_several_peers_get_a_ratio_each_and_rotate_turns() -> None:
+    rounds = [
+        {"mlxcore": {"aggregate_tok_s": 30.0}, "a": {"aggregate_tok_s": 10.0},
+         "b": {"aggregate_tok_s": 60.0}},
+        {"mlxcore": {"aggregate_tok_s": 20.0}, "a": {"aggregate_tok_s": 10.0},
+         "b": {"aggregate_tok_s": 40.0}},
+    ]  # fmt: skip
+    out = summarize(rounds)
+    assert out["ratios"] == {"a": {"aggregate_tok_s": 2.5}, "b": {"aggregate_tok_s": 0.5}}
+    sides = ("mlxcore", "a", "b")
+    orders = [turn_order(sides, i) for i in range(3)]
+    assert orders == [("mlxcore", "a", "b"), ("a", "b", "mlxcore"), ("b", "mlxcore", "a")]
+    assert turn_order(("mlxcore", "peer"), 1) == ("peer", "mlxcore")  # two sides alternate
+    result = {
+        "machine": {
+            "cpu_count": 2, "platform": "Linux", "mlx": "0.32.4", "mlx_device": "Device(cpu, 0)",
+            "server_openblas_preloaded": True, "load_average_start": [0, 0, 0],
+            "load_average_end": [1, 1, 1],
+        },
+        "settings": {"serve_args": [], "rounds": 2},
+        "peers": [{"name": n, "url": f"http://{n}", "model": "m"} for n in ("a", "b")],
+        "model": {"path": "/m"},
+        "workloads": {"uniform-16": out},
+    }  # fmt: skip
+    table = format_peer(result).splitlines()
+    header = next(line for line in table if line.startswith("workload"))
+    assert header.split() == ["workload", "metric", "mlxcore", "a", "b", "vs", "a", "vs", "b"]
+    row = next(line for line in table if "aggregate_tok_s" in line).split()
+    assert row == ["uniform-16", "aggregate_tok_s", "25.000", "10.000", "50.000", "2.50x", "0.50x"]
+
+
+def test_peer_names_urls_and_models_are_parsed() -> None:
+    peers = parse_peers(
+        ["mlx-lm=http://127.0.0.1:8090/", "http://127.0.0.1:8091"],
+        ["shared-name", "mlx-lm=/models/x"],
+    )
+    assert peers == (
+        Peer("mlx-lm", "http://127.0.0.1:8090", "/models/x"),
+        Peer("peer2", "http://127.0.0.1:8091", "shared-name"),
+    )
+    for urls, models in (
+        (["127.0.0.1:8090"], []),  # no scheme
+        (["mlxcore=http://h:1"], []),  # the name of our own column
+        (["a=http://h:1", "a=http://h:2"], []),
+        (["a=http://h:1"], ["b=m"]),  # a model for a peer that is not there
+    ):
+        with pytest.raises(UsageError):
+            parse_peers(urls, models)

@@ -24,7 +24,7 @@ def test_the_report_shows_a_groups_ranks_collective_time_and_shares() -> None:
             "load_average_end": [1, 1, 1],
         },
         "settings": {"serve_args": [], "rounds": 2},
-        "peer": {"url": "http://group", "model": "target"},
+        "peers": [{"name": "peer", "url": "http://group", "model": "target"}],
         "model": {"path": "/m"},
         "workloads": {},
         "server_gauges": {

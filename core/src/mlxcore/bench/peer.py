@@ -1,12 +1,14 @@
-"""``mlxcore bench --peer URL``: mlxcore next to another OpenAI-compatible server, alternating.
+"""``mlxcore bench --peer URL``: mlxcore next to other OpenAI-compatible servers, in turns.
 
-The bench starts ``mlxcore serve`` on the model (as every bench mode does); the peer
-(``mlx_lm.server``, vllm-mlx, anything that speaks ``/v1/chat/completions`` with streaming)
-is already running, on the same model, started by the user. Both stay up for the whole run.
-Every workload of :mod:`~mlxcore.bench.scenarios` runs on both, one right after the other,
-in alternating order (A B, B A, A B ...), so a change in the machine's load falls on both
-sides of a pair; each pair gives one ratio per metric and the report shows the median of
-those ratios (``mlxcore / peer``: above 1 is better for throughput, below 1 for latency).
+The bench starts ``mlxcore serve`` on the model (as every bench mode does); each peer
+(``mlx_lm.server``, vllm-mlx, Rapid-MLX, anything that speaks ``/v1/chat/completions`` with
+streaming) is already running, on the same model, started by the user; ``--peer`` repeats
+(``--peer mlx-lm=URL --peer vllm-mlx=URL``) to put several in one table. All stay up for the
+whole run. Every workload of :mod:`~mlxcore.bench.scenarios` runs on each side, one right
+after the other, the order rotating per round (A B C, B C A, C A B ...), so a change in the
+machine's load falls on every side of a round; each round gives one ratio per metric and
+peer, and the report shows the median of those ratios (``mlxcore / peer``: above 1 is better
+for throughput, below 1 for latency).
 
 Every cold prompt is new text for each side and each round (a fresh seed word at its start),
 so neither server can serve it from a cache filled earlier in the run.
@@ -38,7 +40,17 @@ from mlxcore.errors import MlxcoreError, UsageError
 log = logging.getLogger(__name__)
 
 WORKLOADS = ("uniform", "mixed", "shared-prefix")
-SIDES = ("mlxcore", "peer")
+OURS = "mlxcore"
+
+
+@attrs.frozen
+class Peer:
+    """One other server: its name in the report, base URL and model name (None: the path
+    mlxcore serves)."""
+
+    name: str
+    url: str
+    model: str | None = None
 
 
 @attrs.frozen
@@ -46,16 +58,14 @@ class PeerSettings:
     """What ``--peer`` runs beyond the common bench settings.
 
     Attributes:
-        url: the peer's base URL (``http://127.0.0.1:8080``).
-        model: the model name to send to the peer (None: the path mlxcore serves).
+        peers: the other servers, in the report's order.
         workloads: which of :data:`WORKLOADS` to run.
-        rounds: pairs per workload and level.
+        rounds: rounds per workload and level (each side once per round).
         mixed: the mixed workload's shape.
         sessions: requests of the shared-prefix workload.
     """
 
-    url: str
-    model: str | None = None
+    peers: tuple[Peer, ...]
     workloads: tuple[str, ...] = WORKLOADS
     rounds: int = 4
     mixed: scenarios.MixedSpec = attrs.field(factory=scenarios.MixedSpec)
@@ -69,13 +79,20 @@ def add_peer_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("mlxcore vs another server")
     group.add_argument(
         "--peer",
+        action="append",
         default=None,
-        metavar="URL",
+        metavar="[NAME=]URL",
         help="base URL of another OpenAI-compatible server already running on the same model "
-        "(e.g. mlx_lm.server): run every workload on both, alternating",
+        "(e.g. mlx_lm.server): run every workload on each, in turns; repeat for several "
+        "peers in one table (NAME labels its column; default peer, peer2, ...)",
     )
     group.add_argument(
-        "--peer-model", default=None, help="model name to send to the peer (default: the path)"
+        "--peer-model",
+        action="append",
+        default=None,
+        metavar="[NAME=]MODEL",
+        help="model name to send to a peer (NAME=MODEL for one peer, MODEL for all; "
+        "default: the path)",
     )
     group.add_argument(
         "--workloads",
@@ -111,12 +128,39 @@ def _peer_settings(args: argparse.Namespace) -> PeerSettings:
     sampling = _sampling_fields(args.sampling)
     return PeerSettings(
         sampling=sampling,
-        url=args.peer.rstrip("/"),
-        model=args.peer_model,
+        peers=parse_peers(args.peer or [], args.peer_model or []),
         workloads=chosen,
         rounds=args.rounds,
         mixed=scenarios.MixedSpec(long_tokens=args.long_prompt_tokens),
     )
+
+
+def _named(text: str) -> tuple[str | None, str]:
+    """``NAME=VALUE`` → (NAME, VALUE); a value alone (a URL's ``://`` is no name) → (None, it)."""
+    name, sep, value = text.partition("=")
+    if sep and name and "/" not in name and ":" not in name:
+        return name.strip(), value.strip()
+    return None, text.strip()
+
+
+def parse_peers(urls: list[str], models: list[str]) -> tuple[Peer, ...]:
+    """The ``--peer`` and ``--peer-model`` values as :class:`Peer` s (names unique and not
+    ``mlxcore``; a model without a name applies to every peer)."""
+    peers: list[Peer] = []
+    for i, text in enumerate(urls):
+        name, url = _named(text)
+        name = name or ("peer" if i == 0 else f"peer{i + 1}")
+        if not url.startswith(("http://", "https://")):
+            raise UsageError(f"--peer {text!r}: a base URL (http://host:port), optionally NAME=URL")
+        if name == OURS or name in {p.name for p in peers}:
+            raise UsageError(f"--peer {text!r}: the name {name!r} is taken")
+        peers.append(Peer(name, url.rstrip("/")))
+    for text in models:
+        name, model = _named(text)
+        if name is not None and name not in {p.name for p in peers}:
+            raise UsageError(f"--peer-model {text!r}: no peer is named {name!r}")
+        peers = [attrs.evolve(p, model=model) if name in (None, p.name) else p for p in peers]
+    return tuple(peers)
 
 
 SAMPLING_FIELDS = frozenset({"temperature", "top_p", "top_k", "min_p", "seed"})
@@ -186,6 +230,7 @@ class _Run:
         self.peer = peer
         self.count_tokens = count_tokens
         self.rng = rng
+        self.sides = tuple(targets)
         self.pairs: dict[str, list[dict[str, dict[str, Any]]]] = {}
 
     async def pair(
@@ -195,8 +240,8 @@ class _Run:
         measure: Callable[[client.HttpTarget], Awaitable[dict[str, Any]]],
         settle: float = 0.5,
     ) -> None:
-        """Measure ``name`` on both sides (order alternating with ``index``)."""
-        order = SIDES if index % 2 == 0 else tuple(reversed(SIDES))
+        """Measure ``name`` on every side (the order rotating with ``index``)."""
+        order = turn_order(self.sides, index)
         pair: dict[str, dict[str, Any]] = {}
         for side in order:
             pair[side] = await measure(self.targets[side])
@@ -208,7 +253,7 @@ class _Run:
         s, p = self.settings, self.peer
         # a new connection per request: http.server-based peers close them unpredictably
         async with client.http_client(256, keepalive=False) as http:
-            for side in SIDES:  # warm-up: both compiled, both connections open
+            for side in self.sides:  # warm-up: all compiled, all connections open
                 await scenarios.uniform(http, self.targets[side], 2, 4)
             for r in range(p.rounds):
                 if "uniform" in p.workloads:
@@ -248,30 +293,40 @@ def _brief(values: dict[str, Any]) -> str:
     return ", ".join(f"{k}={values[k]}" for k in keys)
 
 
+def turn_order(sides: tuple[str, ...], index: int) -> tuple[str, ...]:
+    """Round ``index``'s order: the sides rotated by it (two sides alternate: A B, B A)."""
+    k = index % len(sides)
+    return sides[k:] + sides[:k]
+
+
 def summarize(pairs: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
-    """Per side the median of each metric; per metric the median of the pairs' ratios."""
+    """Per side the median of each metric; per peer and metric the median of the rounds'
+    ratios ``mlxcore / peer`` (``ratios[peer][metric]``)."""
+    names = list(pairs[0])
     sides = {
         side: {
             k: round(statistics.median(p[side][k] for p in pairs), 6)
             for k, v in pairs[0][side].items()
             if isinstance(v, int | float)
         }
-        for side in SIDES
+        for side in names
     }
-    ratios: dict[str, float] = {}
-    for key in sides["mlxcore"]:
-        values = [
-            p["mlxcore"][key] / p["peer"][key]
-            for p in pairs
-            if key in p["peer"] and p["peer"][key] > 0 and p["mlxcore"][key] > 0
-        ]
-        if values:
-            ratios[key] = round(statistics.median(values), 3)
+    ratios: dict[str, dict[str, float]] = {}
+    for peer in (n for n in names if n != OURS):
+        ratios[peer] = {}
+        for key in sides[OURS]:
+            values = [
+                p[OURS][key] / p[peer][key]
+                for p in pairs
+                if key in p[peer] and p[peer][key] > 0 and p[OURS][key] > 0
+            ]
+            if values:
+                ratios[peer][key] = round(statistics.median(values), 3)
     return {**sides, "ratios": ratios, "pairs": pairs}
 
 
 def run_peer(settings: BenchSettings, peer: PeerSettings) -> dict[str, Any]:
-    """Start mlxcore on the model and run the workloads on it and on the peer, alternating."""
+    """Start mlxcore on the model and run the workloads on it and on each peer, in turns."""
     from mlxcore.runtime import resolve_model_path
 
     started = time.perf_counter()
@@ -281,12 +336,10 @@ def run_peer(settings: BenchSettings, peer: PeerSettings) -> dict[str, Any]:
     count_tokens = workloads.token_counter(resolved.path)
     with bench_server(str(resolved.path), settings) as server:
         server.start(settings.startup_timeout)
-        targets = {
-            "mlxcore": attrs.evolve(server.target(), sampling=peer.sampling),
-            "peer": client.HttpTarget(
-                peer.url, peer.model or str(resolved.path), sampling=peer.sampling
-            ),
-        }
+        targets = {OURS: attrs.evolve(server.target(), sampling=peer.sampling)}
+        for other in peer.peers:
+            model = other.model or str(resolved.path)
+            targets[other.name] = client.HttpTarget(other.url, model, sampling=peer.sampling)
         run = _Run(targets, settings, peer, count_tokens, random.Random(seed))
         try:
             asyncio.run(run.run())
@@ -297,7 +350,9 @@ def run_peer(settings: BenchSettings, peer: PeerSettings) -> dict[str, Any]:
     return {
         "machine": report.machine_facts(openblas, load_start),
         "model": {"source": source, "path": str(resolved.path)},
-        "peer": {"url": peer.url, "model": targets["peer"].model},
+        "peers": [
+            {"name": p.name, "url": p.url, "model": targets[p.name].model} for p in peer.peers
+        ],
         "settings": {
             "rounds": peer.rounds,
             "sampling": peer.sampling or {"temperature": 0.0},
@@ -328,18 +383,25 @@ _SHOWN = {
 
 
 def format_peer(result: dict[str, Any]) -> str:
-    """The human-readable table: per workload, each side's medians and the ratio."""
+    """The human-readable table: per workload, each side's medians and the ratio to each
+    peer."""
     m, s = result["machine"], result["settings"]
+    peers = result["peers"]
+    names = [p["name"] for p in peers]
+    width = max(10, *(len(n) + 3 for n in names))
     lines = [
-        f"mlxcore bench --peer {result['peer']['url']} (peer model {result['peer']['model']})",
+        "mlxcore bench --peer "
+        + ", ".join(f"{p['name']}={p['url']} (model {p['model']})" for p in peers),
         f"model {result['model']['path']}; serve args: {' '.join(s['serve_args']) or '-'}",
-        f"machine: {m['cpu_count']} CPUs, {m['platform']}, mlx {m['mlx']}, OpenBLAS (mlxcore) "
-        f"{m['server_openblas_preloaded']}, load {m['load_average_start']} -> "
-        f"{m['load_average_end']}",
-        f"{s['rounds']} alternating rounds; ratio = median over rounds of mlxcore/peer "
-        "(throughput: higher is better; latency: lower is better)",
+        f"machine: {m['cpu_count']} CPUs, {m['platform']}, mlx {m['mlx']} on "
+        f"{report.device_text(m)}, OpenBLAS (mlxcore) {m['server_openblas_preloaded']}, "
+        f"load {m['load_average_start']} -> {m['load_average_end']}",
+        f"{s['rounds']} rounds, the order rotating; ratio = median over rounds of "
+        "mlxcore/peer (throughput: higher is better; latency: lower is better)",
         "",
-        f"{'workload':<16} {'metric':<26} {'mlxcore':>10} {'peer':>10} {'ratio':>7}",
+        f"{'workload':<16} {'metric':<26} {OURS:>{width}}"
+        + "".join(f" {n:>{width}}" for n in names)
+        + "".join(f" {'vs ' + n:>{width}}" for n in names),
     ]
     for side, gauges in result.get("server_gauges", {}).items():
         if "distributed_ranks" in gauges:
@@ -353,16 +415,19 @@ def format_peer(result: dict[str, Any]) -> str:
     for name, summary in result["workloads"].items():
         kind = name.split("-")[0] if name.startswith("uniform") else name
         for key in _SHOWN.get(kind, ()):
-            if key not in summary["mlxcore"]:
+            if key not in summary[OURS]:
                 continue
-            ours, theirs = summary["mlxcore"][key], summary["peer"].get(key)
-            r = summary["ratios"].get(key)
-            lines.append(
-                f"{name:<16} {key:<26} {ours:>10.3f} "
-                f"{'-' if theirs is None else f'{theirs:>10.3f}':>10} "
-                f"{'-' if r is None else f'{r:.2f}x':>7}"
-            )
+            cells = [_cell(summary[OURS][key], width)]
+            cells += [_cell(summary.get(n, {}).get(key), width) for n in names]
+            for n in names:
+                r = summary["ratios"].get(n, {}).get(key)
+                cells.append(f"{'-' if r is None else f'{r:.2f}x':>{width}}")
+            lines.append(f"{name:<16} {key:<26} " + " ".join(cells))
     return "\n".join(lines)
+
+
+def _cell(value: float | None, width: int) -> str:
+    return f"{'-' if value is None else f'{value:.3f}':>{width}}"
 
 
 def main_peer(args: argparse.Namespace) -> int:
