@@ -16,9 +16,11 @@ $(UV):
 	python3 -m venv .tools/uv
 	.tools/uv/bin/python -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
 
-# The environment lives in .venv/ at the repository root.
+# The environment lives in .venv/ at the repository root. MLX's backend: the CPU wheel, or
+# on Linux with an NVIDIA driver the CUDA one (scripts/mlx-backend; MLX_BACKEND=cpu to force).
 setup: $(UV)
-	$(UV) sync --locked --python python3
+	backend=$$(bash scripts/mlx-backend) && echo "MLX backend: $$backend" && \
+	    $(UV) sync --locked --extra $$backend --python python3
 	UV_PROJECT_ENVIRONMENT=$(CURDIR)/.venv-instructor $(UV) sync --locked --project clients/instructor --python python3 --quiet
 	@bash scripts/install-openblas.sh || true
 	$(PY) -c "from mlxcore.models.default import ensure_default_model as e; print(e())"

@@ -60,6 +60,7 @@ def test_default_model_answers_paris(default_model: Path) -> None:
     assert "Paris" in text
 
 
+@pytest.mark.cpu_wheel
 def test_default_dtype_follows_openblas(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in (DTYPE_ENV, blas.REEXEC_ENV, blas.DISABLE_ENV):
         monkeypatch.delenv(name, raising=False)
@@ -96,6 +97,7 @@ def test_openblas_path_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert blas.openblas_path() is None
 
 
+@pytest.mark.cpu_wheel
 def test_reexec_env_rules(monkeypatch: pytest.MonkeyPatch) -> None:
     lib = blas.openblas_path()
     if lib is None:
@@ -138,6 +140,7 @@ def _run_reexec_script(tmp_path: Path, extra_env: dict[str, str]) -> list[str]:
     return proc.stdout.strip().splitlines()
 
 
+@pytest.mark.cpu_wheel
 def test_reexec_with_openblas_really_preloads(tmp_path: Path) -> None:
     if blas.openblas_path() is None:
         pytest.skip("no system OpenBLAS (run scripts/install-openblas.sh)")
@@ -147,6 +150,7 @@ def test_reexec_with_openblas_really_preloads(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.cpu_wheel
 def test_openblas_makes_float32_matmul_faster() -> None:
     lib = blas.openblas_path()
     if lib is None:

@@ -12,6 +12,8 @@ This module imports nothing heavy (no MLX) so it can run before anything else.
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib.metadata
 import logging
 import os
 import platform
@@ -61,6 +63,22 @@ def openblas_path() -> Path | None:
     return None
 
 
+CUDA_WHEELS = ("mlx-cuda-12", "mlx-cuda-13")
+
+
+@functools.cache
+def cuda_backend() -> bool:
+    """True when MLX runs on its CUDA backend here (an ``mlx-cuda-*`` wheel is installed):
+    matmul is then the GPU's, and preloading OpenBLAS buys nothing."""
+    for dist in CUDA_WHEELS:
+        try:
+            importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        return True
+    return False
+
+
 def _preload_entries(env: Mapping[str, str]) -> list[str]:
     raw = env.get("LD_PRELOAD", "")
     return [e for e in raw.replace(" ", ":").split(":") if e]
@@ -86,11 +104,13 @@ def reexec_env(env: Mapping[str, str] | None = None) -> dict[str, str] | None:
     """The environment to re-execute with, or None when no re-exec is wanted.
 
     None when not on Linux, when OpenBLAS is missing or already preloaded (in ``env``; in
-    this process too when ``env`` is None), when ``MLXCORE_NO_OPENBLAS`` is set, or when
-    this process is itself the re-executed one.
+    this process too when ``env`` is None), when ``MLXCORE_NO_OPENBLAS`` is set, when MLX
+    runs on CUDA, or when this process is itself the re-executed one.
     """
     source = dict(os.environ if env is None else env)
     if source.get(DISABLE_ENV, "") not in ("", "0") or source.get(REEXEC_ENV):
+        return None
+    if cuda_backend():
         return None
     lib = openblas_path()
     if lib is None:

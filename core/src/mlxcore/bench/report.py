@@ -53,6 +53,39 @@ def _version(dist: str) -> str | None:
         return None
 
 
+BACKEND_WHEELS = ("mlx-cuda-13", "mlx-cuda-12", "mlx-metal", "mlx-cpu")
+"""The distributions that carry MLX's compiled backend, one per environment."""
+
+
+def mlx_backend() -> str | None:
+    """Which backend wheel MLX runs on, with its version (``mlx-cuda-12 0.32.4``)."""
+    for dist in BACKEND_WHEELS:
+        version = _version(dist)
+        if version is not None:
+            return f"{dist} {version}"
+    return None
+
+
+def mlx_device() -> tuple[str | None, str | None]:
+    """MLX's default device (``Device(gpu, 0)``) and its name as MLX reports it (the GPU's
+    model under CUDA, the CPU's otherwise)."""
+    try:
+        import mlx.core as mx
+
+        name = mx.device_info().get("device_name")
+        return str(mx.default_device()), str(name) if name else None
+    except Exception:  # pragma: no cover - MLX always imports where mlxcore runs
+        return None, None
+
+
+def device_text(machine: dict[str, Any]) -> str:
+    """``Device(gpu, 0) NVIDIA H100 80GB HBM3, mlx-cuda-12 0.32.4`` for a report's header."""
+    parts = [machine.get("mlx_device"), machine.get("device_name")]
+    text = " ".join(str(p) for p in parts if p) or "?"
+    backend = machine.get("mlx_backend")
+    return f"{text}, {backend}" if backend else text
+
+
 def load_average() -> list[float] | None:
     """The 1, 5 and 15-minute load averages (None where the OS has none): other work on the
     machine skews every number, so the report records it."""
@@ -66,12 +99,7 @@ def machine_facts(
 ) -> dict[str, Any]:
     """CPU count, platform, versions, MLX device, load and the OpenBLAS preload of both
     processes (the bench's, which runs mlx-lm, and the server's)."""
-    try:
-        import mlx.core as mx
-
-        device = str(mx.default_device())
-    except Exception:  # pragma: no cover - MLX always imports where mlxcore runs
-        device = None
+    device, device_name = mlx_device()
     lib = blas.openblas_path()
     return {
         "cpu_count": os.cpu_count(),
@@ -83,6 +111,8 @@ def machine_facts(
         "mlx_lm": _version("mlx-lm"),
         "mlxcore": _version("mlxcore"),
         "mlx_device": device,
+        "mlx_backend": mlx_backend(),
+        "device_name": device_name,
         "load_average_start": load_start,
         "load_average_end": load_average(),
         "openblas_library": str(lib) if lib else None,
@@ -159,7 +189,7 @@ def format_table(result: dict[str, Any]) -> str:
     lines = [
         f"mlxcore bench: {model['source']} ({model['model_type']}, {model['dtype']}, "
         f"{model['parameters'] / 1e6:.0f}M parameters)",
-        f"machine: {m['cpu_count']} CPUs, {m['platform']}, mlx {m['mlx']} ({m['mlx_device']}), "
+        f"machine: {m['cpu_count']} CPUs, {m['platform']}, mlx {m['mlx']} ({device_text(m)}), "
         f"mlx-lm {m['mlx_lm']}",
         f"OpenBLAS preloaded: bench {_yes(m['openblas_preloaded'])}, "
         f"server {_yes(m['server_openblas_preloaded'])}; load average (1/5/15 min) "

@@ -64,7 +64,8 @@ def default_model_dtype() -> str:
     ``$MLXCORE_DEFAULT_MODEL_DTYPE`` if set; otherwise ``"float32"`` when the system OpenBLAS
     is (or will be, by the CLI's re-exec) preloaded, since its sgemm makes prefill >10x
     faster at equal decode speed; otherwise ``"quantized"`` (4-bit, float32 scales), which
-    decodes about twice as fast as float32 on the reference BLAS (and suits Metal).
+    decodes about twice as fast as float32 on the reference BLAS (and suits Metal); on
+    MLX's CUDA backend ``"bfloat16"`` (the GPU's own matmul type).
     """
     from mlxcore import blas
     from mlxcore.models.gguf import DTYPES
@@ -74,6 +75,8 @@ def default_model_dtype() -> str:
         if forced not in DTYPES:
             raise ModelLoadError(f"{DTYPE_ENV}={forced!r} is not one of {DTYPES}")
         return forced
+    if blas.cuda_backend():
+        return "bfloat16"
     if blas.openblas_preloaded() or blas.reexec_env() is not None:
         return "float32"
     return "quantized"

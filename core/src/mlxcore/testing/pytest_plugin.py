@@ -15,6 +15,10 @@ Registered through the ``pytest11`` entry point, so any project that installs ml
     module's tests end; ``mlxcore_session_server`` is the same for servers shared by the
     whole session.
 
+It also registers the ``cpu_wheel`` mark: a test that needs MLX's CPU backend (the
+OpenBLAS preload, CPU-only timing facts) says so with ``@pytest.mark.cpu_wheel`` and is
+skipped, with the reason, where MLX runs on its CUDA backend.
+
 This module is imported in every pytest run: it must stay cheap (mlx is imported only
 when a fixture builds a model).
 """
@@ -30,6 +34,25 @@ import pytest
 
 ModelFactory = Callable[..., Path]
 """``(arch, *, seed=0, size="tiny", **config_overrides) -> Path``."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the ``cpu_wheel`` mark."""
+    config.addinivalue_line(
+        "markers", "cpu_wheel: needs MLX's CPU backend; skipped where MLX runs on CUDA"
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip the ``cpu_wheel`` tests where an ``mlx-cuda-*`` wheel is installed."""
+    from mlxcore import blas
+
+    if not blas.cuda_backend():
+        return
+    skip = pytest.mark.skip(reason="needs MLX's CPU wheel; this environment has MLX on CUDA")
+    for item in items:
+        if item.get_closest_marker("cpu_wheel") is not None:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
