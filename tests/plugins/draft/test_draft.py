@@ -5,6 +5,7 @@ structured output, and the start-up refusals."""
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -143,6 +144,30 @@ def test_the_draft_cache_follows_the_target_after_rejections(
     stats = decoder.stats()
     assert stats["speculative_drafted"] > stats["speculative_accepted"] > 0  # rolled back
     assert len(checked) > 50 and all(checked)
+
+
+def test_the_drafts_cache_counts_in_the_memory_budget(
+    mlxcore_model_factory: Any, runtimes: Any
+) -> None:
+    target = mlxcore_model_factory("qwen3")
+    draft_path = mlxcore_model_factory("qwen3", seed=1, num_hidden_layers=1)
+    config = json.loads((draft_path / "config.json").read_text())
+    # keys and values of every layer, float32: the draft's KV per token, from its config
+    expected = 2 * 4 * config["num_hidden_layers"] * config["num_key_value_heads"]
+    expected *= config["head_dim"]
+    rt = runtimes(target, draft_path)
+    memory = rt.engine.memory
+    assert memory.side_per_token == rt.engine.decoder.side_cache_bytes_per_token() == expected
+    assert memory.cost(100) == 100 * (memory.per_token + expected)
+    assert rt.engine.stats()["memory_side_kv_bytes_per_token"] == expected
+    plain = make_runtime(target)
+    try:
+        assert plain.engine.memory.side_per_token == 0
+        assert plain.engine.memory.cost(100) == 100 * memory.per_token  # same target
+        alone, with_draft = plain.engine.limits.memory_context, rt.engine.limits.memory_context
+        assert alone is not None and with_draft is not None and with_draft < alone
+    finally:
+        plain.engine.shutdown()
 
 
 def test_a_request_can_turn_it_off(tiny_qwen3: Path, runtimes: Any) -> None:

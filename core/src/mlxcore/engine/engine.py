@@ -107,15 +107,16 @@ class Engine(Admission):
         )
         self.max_context: int | None = config.max_model_len or info.context_length
         """The most tokens a sequence may hold: ``--max-model-len``, else the model's own."""
+        self.counters: collections.Counter[str] = collections.Counter()
+        """Totals across loops: ``prompt_tokens_processed``, ``prefill_shared_prefix_waits``."""
+        self._loop = self.new_loop()
+        self.memory.side_per_token = self.decoder.side_cache_bytes_per_token()
         vocab = int(getattr(model.args, "vocab_size", 0) or 0) if hasattr(model, "args") else 0
         self.limits = ModelLimits(
             vocab_size=max(vocab, len(info.vocab), 1),
             context=self.max_context,
             memory_context=self.memory.max_context(),
         )
-        self.counters: collections.Counter[str] = collections.Counter()
-        """Totals across loops: ``prompt_tokens_processed``, ``prefill_shared_prefix_waits``."""
-        self._loop = self.new_loop()
         if self.kv_quant is not None and not self.decoder.supports_kv_quantization:
             raise UsageError(
                 f"--kv-cache-dtype {config.kv_cache_dtype}: the {self.decoder.name!r} decoder "

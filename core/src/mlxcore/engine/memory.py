@@ -30,11 +30,28 @@ log = logging.getLogger(__name__)
 
 
 def physical_memory() -> int | None:
-    """Total physical memory in bytes, or ``None`` when unknown."""
+    """The memory MLX's arrays live in, in bytes (``None`` when unknown): the GPU's own
+    memory under MLX's CUDA backend, the machine's RAM on the CPU and on Apple silicon
+    (unified memory)."""
+    gpu = device_memory()
+    if gpu is not None:
+        return gpu
     try:
         return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
     except (ValueError, OSError, AttributeError):
         return None
+
+
+def device_memory() -> int | None:
+    """The CUDA device's memory (MLX's ``device_info()["total_memory"]``), or None on the
+    CPU backend and on Metal, where arrays live in the machine's RAM."""
+    if mx.default_device().type != mx.DeviceType.gpu or not mx.cuda.is_available():
+        return None
+    try:
+        total = mx.device_info().get("total_memory")
+    except (RuntimeError, AttributeError):
+        return None
+    return int(total) if isinstance(total, int) and total > 0 else None
 
 
 @functools.cache
@@ -128,13 +145,18 @@ class MemoryBudget:
     quantized: tuple[int, int] | None = None
     """With ``--kv-cache-dtype``: (bytes per token once quantized, the context length
     from which a sequence is quantized)."""
+    side_per_token: int = 0
+    """Cache bytes the decoder keeps per token beside the model's own (a draft model's
+    KV: :meth:`~mlxcore.engine.strategies.Decoder.side_cache_bytes_per_token`)."""
 
     def cost(self, tokens: int) -> int:
-        """The most cache bytes a sequence of up to ``tokens`` tokens holds."""
+        """The most cache bytes a sequence of up to ``tokens`` tokens holds (the
+        decoder's side cache included)."""
+        side = tokens * self.side_per_token
         if self.quantized is None:
-            return tokens * self.per_token
+            return tokens * self.per_token + side
         per_token, start = self.quantized
-        return max(min(tokens, start) * self.per_token, tokens * per_token)
+        return max(min(tokens, start) * self.per_token, tokens * per_token) + side
 
     @classmethod
     def for_model(
@@ -191,6 +213,7 @@ class MemoryBudget:
             "memory_kv_reserved_bytes": reserved,
             "memory_kv_reserved_peak_bytes": peak,
             "memory_kv_bytes_per_token": self.per_token,
+            "memory_side_kv_bytes_per_token": self.side_per_token,
             "memory_kv_quantized_bytes_per_token": self.quantized[0] if self.quantized else 0,
             "memory_mlx_cache_limit_bytes": self.cache_limit,
         }
@@ -207,10 +230,10 @@ class MemoryBudget:
             return None
         room = max(0, self.limit - self.weights - self.cache_limit)
         if self.quantized is not None and self.quantized[0] > 0:
-            longest = room // self.quantized[0]
+            longest = room // (self.quantized[0] + self.side_per_token)
             if longest >= self.quantized[1] and self.cost(longest) <= room:
                 return longest
-        return room // self.per_token
+        return room // (self.per_token + self.side_per_token)
 
 
 def parameter_bytes(model: Any) -> int:

@@ -441,6 +441,12 @@ class Decoder(abc.ABC):
         """Decoder-specific counters for /metrics (e.g. acceptance rate)."""
         return {}
 
+    def side_cache_bytes_per_token(self) -> int:
+        """Cache bytes this decoder keeps per token of a sequence beside the model's own
+        (a draft model's KV); the memory budget counts them for every running sequence.
+        Default: 0."""
+        return 0
+
 
 @attrs.define
 class Salvaged:

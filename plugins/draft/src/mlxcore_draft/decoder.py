@@ -29,6 +29,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, make_prompt_cache
 
+from mlxcore.engine.memory import kv_bytes_per_token
 from mlxcore.engine.strategies import DecodeSequence, SequenceCache
 from mlxcore.speculative.accept import GREEDY, draft_token
 from mlxcore.speculative.decoder import SpecRow, TargetVerifiedDecoder
@@ -71,6 +72,11 @@ class DraftDecoder(TargetVerifiedDecoder):
         """Per sequence uid, the positions its draft cache holds."""
         self._snaps: dict[int, Snapshot] = {}
         """Per sequence uid (recurrent drafts), the states after its last chain's positions."""
+        self._side_per_token = kv_bytes_per_token(draft)
+
+    def side_cache_bytes_per_token(self) -> int:
+        """The draft's KV per token of context: every speculating sequence holds one."""
+        return self._side_per_token
 
     # -- membership -----------------------------------------------------------
 
