@@ -58,7 +58,9 @@ def test_a_job_waits_until_its_bytes_fit_and_counts_while_it_runs(tiny_llama: Pa
     rt = make_runtime(tiny_llama)
     too_big = 10**15  # more than any budget beside a running request
     try:
-        events = start(rt, 60)
+        # long enough to outlast the check below on a fast machine (60 tokens of the tiny
+        # model took under 0.3 s on a quiet day, and the job ran before the check)
+        events = start(rt, 1000)
         seen: list[float] = []
 
         def job() -> str:

@@ -337,7 +337,9 @@ class Engine(Admission):
             "engine_faults": sum(self.faults.values()),
             **self.jobs.stats(),
             **cache.gauges(),
-            **self.memory.gauges(cache.nbytes, self._reserved(loop), self.peak_reserved),
+            **self.memory.gauges(
+                cache.nbytes + loop.decoder.held_bytes(), self._reserved(loop), self.peak_reserved
+            ),
         }
         if self.step_sync is not None:
             out.update({f"distributed_{k}": v for k, v in self.step_sync.stats().items()})

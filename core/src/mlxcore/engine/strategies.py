@@ -441,6 +441,16 @@ class Decoder(abc.ABC):
         """Decoder-specific counters for /metrics (e.g. acceptance rate)."""
         return {}
 
+    def held_bytes(self) -> int:
+        """Bytes the decoder keeps beyond its running sequences (a draft model's prefix
+        store); the memory budget counts them with the prefix cache's. Default: 0."""
+        return 0
+
+    def release(self, nbytes: int) -> int:
+        """Give back at least ``nbytes`` of :meth:`held_bytes` if it can (admission asks
+        before refusing a request); returns the bytes freed. Default: nothing held."""
+        return 0
+
     def side_cache_bytes_per_token(self) -> int:
         """Cache bytes this decoder keeps per token of a sequence beside the model's own
         (a draft model's KV); the memory budget counts them for every running sequence.

@@ -12,7 +12,7 @@ cache can roll back per row (attention-only models, Qwen3.5 hybrids). Shared fla
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -23,8 +23,11 @@ from mlxcore.errors import UsageError
 from mlxcore.hookspecs import OptionGroup
 from mlxcore.model_info import ModelInfo
 from mlxcore.resources import ModelResources
-from mlxcore.settings import add_flags, read_settings, setting
+from mlxcore.settings import add_flags, byte_size, read_settings, setting
 from mlxcore.speculative.settings import speculative_settings
+
+if TYPE_CHECKING:
+    from mlxcore_draft.prefixes import DraftPrefixes
 
 MLXCORE_AUTOLOAD = False
 """Not loaded unless named with `--plugin draft`."""
@@ -52,6 +55,12 @@ class DraftSettings:
         True, action="store_false",
         help="keep speculating even when it measures slower than plain decoding",
     )  # fmt: skip
+    draft_prefix_cache_size: int = setting(
+        256 * 2**20, type=byte_size, metavar="SIZE",
+        help="the draft's own prefix store (e.g. 256MiB, 0 turns it off): finished sequences' "
+        "draft caches, reused when a new sequence starts with the same tokens; counted in the "
+        "memory budget and given back before a request is refused",
+    )  # fmt: skip
 
 
 @hookimpl
@@ -69,6 +78,9 @@ def mlxcore_configure(config: ServerConfig) -> None:
             "plugin 'draft' needs --draft-model PATH_OR_REPO (a small model with the "
             "target's tokenizer)"
         )
+    size = settings.draft_prefix_cache_size
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise UsageError(f"--draft-prefix-cache-size must be a size ≥ 0 (got {size!r})")
 
 
 @attrs.frozen
@@ -77,6 +89,8 @@ class DraftModel:
 
     model: Any
     path: str
+    prefixes: DraftPrefixes | None = None
+    """The draft's prefix store, kept across decoder restarts (None: turned off)."""
 
 
 @hookimpl
@@ -87,6 +101,7 @@ def mlxcore_model_resources(model: Any, info: ModelInfo, config: ServerConfig) -
 
     from mlxcore.models.drafts import load_draft
     from mlxcore.speculative.verify import TargetVerifier
+    from mlxcore_draft.prefixes import DraftPrefixes
 
     source = read_settings(config, DraftSettings).draft_model
     assert source is not None  # mlxcore_configure checked it
@@ -112,7 +127,9 @@ def mlxcore_model_resources(model: Any, info: ModelInfo, config: ServerConfig) -
             f"({type(exc).__name__}: {exc})"
         ) from exc
     log.info("draft: target %s, draft %s", info.path, loaded.info.path)
-    return DraftModel(draft, str(loaded.info.path))
+    size = read_settings(config, DraftSettings).draft_prefix_cache_size
+    prefixes = DraftPrefixes(size) if size > 0 else None
+    return DraftModel(draft, str(loaded.info.path), prefixes)
 
 
 @hookimpl
@@ -134,4 +151,5 @@ def mlxcore_decoder(
         disable_by_batch_size=shared.batch_limit(DEFAULT_BATCH_LIMIT),
         auto_off=read_settings(config, DraftSettings).draft_auto_off,
         prefill_step=config.prefill_step_size,
+        prefixes=draft.prefixes,
     )

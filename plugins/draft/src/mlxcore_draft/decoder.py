@@ -34,6 +34,7 @@ from mlxcore.engine.strategies import DecodeSequence, SequenceCache
 from mlxcore.speculative.accept import GREEDY, draft_token
 from mlxcore.speculative.decoder import SpecRow, TargetVerifiedDecoder
 from mlxcore.speculative.verify import RecurrentStates, TargetVerifier, drop_kv
+from mlxcore_draft.prefixes import DraftPrefixes, trimmed
 
 Snapshot = list[RecurrentStates | None]
 """Per draft layer, one row's recurrent states after each position of the last chain
@@ -62,14 +63,23 @@ class DraftDecoder(TargetVerifiedDecoder):
         disable_by_batch_size: int = 8,
         auto_off: bool = True,
         prefill_step: int = 2048,
+        prefixes: DraftPrefixes | None = None,
     ) -> None:
         super().__init__(model, num_speculative_tokens, disable_by_batch_size, auto_off)
         self.draft = draft
         self.drafter = TargetVerifier(draft)
         self.prefill_step = prefill_step
         self.recurrent = any(isinstance(c, ArraysCache) for c in make_prompt_cache(draft))
+        self.prefixes = None if self.recurrent else prefixes
+        """Finished sequences' draft caches (attention-only drafts: a recurrent state
+        cannot be cut back to a shorter prefix); shared across restarts of the decoder."""
+        self.draft_prefilled = 0
+        """Context tokens the draft was prefilled with (what the store did not cover)."""
         self._held: dict[int, int] = {}
         """Per sequence uid, the positions its draft cache holds."""
+        self._verified: dict[int, int] = {}
+        """Per sequence uid, how many leading positions of its draft cache hold the
+        sequence's own tokens (the rest are this round's drafts)."""
         self._snaps: dict[int, Snapshot] = {}
         """Per sequence uid (recurrent drafts), the states after its last chain's positions."""
         self._side_per_token = kv_bytes_per_token(draft)
@@ -81,22 +91,60 @@ class DraftDecoder(TargetVerifiedDecoder):
     # -- membership -----------------------------------------------------------
 
     def make_side_cache(self, seq: DecodeSequence) -> list[Any]:
-        cache = make_prompt_cache(self.draft)
         context = seq.tokens[:-1]
+        reused, stored = self.prefixes.take(context) if self.prefixes else (0, None)
+        cache = stored if stored is not None else make_prompt_cache(self.draft)
         trunk = self.drafter.trunk
-        for start in range(0, len(context), self.prefill_step):
+        self.draft_prefilled += len(context) - reused
+        for start in range(reused, len(context), self.prefill_step):
             chunk = mx.array(context[start : start + self.prefill_step])[None]
             if trunk is not None:
                 trunk(chunk, cache=cache)  # no output projection for the prefill
             else:
                 self.draft(chunk, cache=cache)
             mx.eval([c.state for c in cache])
-        self._held[seq.uid] = len(context)
+        self._held[seq.uid] = self._verified[seq.uid] = len(context)
         return cache
 
     def remove(self, uid: int) -> SequenceCache | None:
+        if self.prefixes is not None:
+            self._keep_prefix(uid)
         self._forget(uid)
         return super().remove(uid)
+
+    def _keep_prefix(self, uid: int) -> None:
+        """Store a leaving row's draft cache, cut to the positions that hold its tokens."""
+        idx = next((i for i, row in enumerate(self.rows) if row.seq.uid == uid), None)
+        if idx is None or not self.side_cache or self.prefixes is None:
+            return
+        seq = self.rows[idx].seq
+        valid = min(self._verified.get(uid, 0), len(seq.tokens))
+        layers = [trimmed(layer.extract(idx), valid) for layer in self.side_cache]
+        if any(layer.offset < valid for layer in layers):
+            return  # not the shape this decoder keeps: store nothing rather than guess
+        if self.prefixes.put(seq.tokens[:valid], layers):
+            # computed now, beside the batch: an entry must not hold a graph on this
+            # thread's stream (a restarted engine runs on another)
+            mx.async_eval(*(a for layer in layers for a in (layer.keys, layer.values)))
+
+    def held_bytes(self) -> int:
+        """The draft prefix store's bytes."""
+        return self.prefixes.nbytes if self.prefixes is not None else 0
+
+    def release(self, nbytes: int) -> int:
+        """Drop stored draft caches (least recently used first)."""
+        return self.prefixes.release(nbytes) if self.prefixes is not None else 0
+
+    def stats(self) -> dict[str, float]:
+        """The shared speculative totals, the draft's prefill and its prefix store."""
+        out = super().stats()
+        out["draft_prefilled_tokens"] = self.draft_prefilled
+        if self.prefixes is not None:
+            out["draft_prefix_bytes"] = self.prefixes.nbytes
+            out["draft_prefix_entries"] = len(self.prefixes)
+            out["draft_prefix_hits"] = self.prefixes.hits
+            out["draft_prefix_reused_tokens"] = self.prefixes.reused_tokens
+        return out
 
     def _to_plain(self, row: SpecRow, reason: str, size: int = 0) -> None:
         self._forget(row.seq.uid)
@@ -104,6 +152,7 @@ class DraftDecoder(TargetVerifiedDecoder):
 
     def _forget(self, uid: int) -> None:
         self._held.pop(uid, None)
+        self._verified.pop(uid, None)
         self._snaps.pop(uid, None)
 
     # -- proposing ------------------------------------------------------------
@@ -132,6 +181,7 @@ class DraftDecoder(TargetVerifiedDecoder):
                 chain.append(states)
         for row, n in zip(rows, wanted, strict=True):
             self._held[row.seq.uid] = n + 1 + self.k
+            self._verified[row.seq.uid] = n + 2  # the context, then the pending token
         if self.recurrent:
             self._keep_snapshots(rows, chain)
 
