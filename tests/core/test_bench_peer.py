@@ -123,3 +123,12 @@ def test_peer_names_urls_and_models_are_parsed() -> None:
     ):
         with pytest.raises(UsageError):
             parse_peers(urls, models)
+
+
+def test_the_peers_script_parses_and_explains_itself() -> None:
+    script = Path(__file__).resolve().parents[2] / "scripts" / "peers"
+    assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
+    done = subprocess.run(["bash", str(script)], capture_output=True, text=True, check=False)
+    assert done.returncode == 2 and "install | start MODEL | stop" in done.stderr
+    text = script.read_text()  # the versions docs/benchmarks.md reports
+    assert all(pin in text for pin in ("mlx-lm==0.32.2", "vllm-mlx==0.6.0", "rapid-mlx==0.16.10"))
