@@ -53,7 +53,7 @@ def _version(dist: str) -> str | None:
         return None
 
 
-BACKEND_WHEELS = ("mlx-cuda-13", "mlx-cuda-12", "mlx-metal", "mlx-cpu")
+BACKEND_WHEELS = (*blas.CUDA_WHEELS, "mlx-metal", "mlx-cpu")
 """The distributions that carry MLX's compiled backend, one per environment."""
 
 

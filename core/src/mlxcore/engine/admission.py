@@ -123,7 +123,7 @@ class Admission:
         return taken
 
     def _fits(self, loop: BatchLoop, reserved: int) -> bool:
-        budget = self.memory.kv_budget(_held(loop))
+        budget = self.memory.kv_budget(held_bytes(loop))
         if budget is None or reserved <= budget:
             return True
         shortfall = reserved - budget
@@ -131,17 +131,17 @@ class Admission:
             loop.cache.evict(shortfall)
         except Exception:
             log.exception("cache strategy %s failed to evict", loop.cache.name)
-        budget = self.memory.kv_budget(_held(loop))
+        budget = self.memory.kv_budget(held_bytes(loop))
         if budget is not None and reserved > budget:
             try:  # then what the decoder keeps (a draft's prefix store)
                 loop.decoder.release(reserved - budget)
             except Exception:
                 log.exception("decoder %s failed to release memory", loop.decoder.name)
-            budget = self.memory.kv_budget(_held(loop))
+            budget = self.memory.kv_budget(held_bytes(loop))
         return budget is None or reserved <= budget
 
 
-def _held(loop: BatchLoop) -> int:
+def held_bytes(loop: BatchLoop) -> int:
     """Bytes kept beyond the running requests: the prefix cache's entries and what the
     decoder keeps (a draft model's prefix store)."""
     return loop.cache.stats().nbytes + loop.decoder.held_bytes()

@@ -36,7 +36,7 @@ import mlx.core as mx
 
 from mlxcore.config import ServerConfig
 from mlxcore.engine.adapters import adapters_of
-from mlxcore.engine.admission import Admission, EngineOverloaded, EngineUnavailable
+from mlxcore.engine.admission import Admission, EngineOverloaded, EngineUnavailable, held_bytes
 from mlxcore.engine.events import (
     UNAVAILABLE,
     Event,
@@ -337,9 +337,7 @@ class Engine(Admission):
             "engine_faults": sum(self.faults.values()),
             **self.jobs.stats(),
             **cache.gauges(),
-            **self.memory.gauges(
-                cache.nbytes + loop.decoder.held_bytes(), self._reserved(loop), self.peak_reserved
-            ),
+            **self.memory.gauges(held_bytes(loop), self._reserved(loop), self.peak_reserved),
         }
         if self.step_sync is not None:
             out.update({f"distributed_{k}": v for k, v in self.step_sync.stats().items()})

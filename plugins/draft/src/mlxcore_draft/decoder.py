@@ -92,7 +92,7 @@ class DraftDecoder(TargetVerifiedDecoder):
 
     def make_side_cache(self, seq: DecodeSequence) -> list[Any]:
         context = seq.tokens[:-1]
-        reused, stored = self.prefixes.take(context) if self.prefixes else (0, None)
+        reused, stored = (0, None) if self.prefixes is None else self.prefixes.take(context)
         cache = stored if stored is not None else make_prompt_cache(self.draft)
         trunk = self.drafter.trunk
         self.draft_prefilled += len(context) - reused
@@ -119,9 +119,10 @@ class DraftDecoder(TargetVerifiedDecoder):
             return
         seq = self.rows[idx].seq
         valid = min(self._verified.get(uid, 0), len(seq.tokens))
-        layers = [trimmed(layer.extract(idx), valid) for layer in self.side_cache]
-        if any(layer.offset < valid for layer in layers):
+        extracted = [layer.extract(idx) for layer in self.side_cache]
+        if any(layer.offset < valid for layer in extracted):
             return  # not the shape this decoder keeps: store nothing rather than guess
+        layers = [trimmed(layer, valid) for layer in extracted]
         if self.prefixes.put(seq.tokens[:valid], layers):
             # computed now, beside the batch: an entry must not hold a graph on this
             # thread's stream (a restarted engine runs on another)
