@@ -10,7 +10,7 @@ PY := .venv/bin/python
 export UV_PYTHON_DOWNLOADS := never
 PYTEST_ARGS ?=
 
-.PHONY: setup serve generate test test-long lint typecheck docs bench reliability agents-e2e agent-sessions clean
+.PHONY: setup serve generate test test-long lint typecheck docs bench reliability agents-e2e agent-sessions ui-screenshots clean
 
 $(UV):
 	python3 -m venv .tools/uv
@@ -23,6 +23,7 @@ setup: $(UV)
 	    $(UV) sync --locked --extra $$backend --python python3
 	UV_PROJECT_ENVIRONMENT=$(CURDIR)/.venv-instructor $(UV) sync --locked --project clients/instructor --python python3 --quiet
 	@bash scripts/install-openblas.sh || true
+	@bash scripts/install-chromium.sh || true
 	$(PY) -c "from mlxcore.models.default import ensure_default_model as e; print(e())"
 
 # The main job: serve the embedded default model (SmolLM2-135M-Instruct).
@@ -51,6 +52,11 @@ test: setup lint typecheck
 # main case `make test` runs (about 16 minutes of test time).
 test-long: setup
 	$(PY) scripts/pytest-openblas -n 2 --dist loadfile --durations=15 -m long $(PYTEST_ARGS)
+
+# The web page's screenshots in docs/images, taken by its browser tests (headless Chromium).
+ui-screenshots: setup
+	MLXCORE_UI_SCREENSHOTS=$(CURDIR)/docs/images $(PY) scripts/pytest-openblas -q \
+	    tests/plugins/ui/test_ui_browser.py -k "markdown_answer or dashboard"
 
 # The reliability suite (not part of `make test`): fuzz, the OpenAPI contract, 200/500-connection waves, a
 # disconnect storm, fault injection and a 10-minute soak; ARGS=--smoke for a 2-minute subset.

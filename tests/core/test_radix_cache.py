@@ -13,10 +13,11 @@ from typing import Any
 
 import mlx.core as mx
 import pytest
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from mlxcore.defaults.prefix_cache import LRUPrefixCache
 from mlxcore.defaults.radix_cache import RadixPrefixCache, prefix_cache_for
+from mlxcore.engine.cache_segments import ARRAY_OVERHEAD_BYTES
 from mlxcore.engine.memory import cache_cost
 from mlxcore.engine.prefill_plan import common_prefix
 from mlxcore.engine.request import GenerationRequest
@@ -199,9 +200,12 @@ def test_sessions_sharing_a_system_prompt_hold_it_once(
     per_token, fixed = cache_cost(rt.model)
     unique = sum(len(r.prompt_tokens) - len(system) + r.max_tokens for r in requests)
     snapshots = stats["prefix_cache_snapshots"]
-    expected = (len(system) + unique) * per_token + snapshots * fixed
+    # every node holds a key and a value array per attention layer, each with its fixed cost
+    attention = sum(1 for layer in make_prompt_cache(rt.model) if isinstance(layer, KVCache))
+    arrays = stats["prefix_cache_nodes"] * attention * 2 * ARRAY_OVERHEAD_BYTES
+    expected = (len(system) + unique) * per_token + snapshots * fixed + arrays
     assert stats["prefix_cache_bytes"] <= expected
-    assert stats["prefix_cache_bytes"] < 2 * len(system) * per_token + snapshots * fixed
+    assert stats["prefix_cache_bytes"] < 2 * len(system) * per_token + snapshots * fixed + arrays
     # one snapshot at the prompt's end shared by all, one at each session's end
     assert snapshots <= 2 + 16
     assert stats["prefix_cache_hits"] == 15

@@ -18,6 +18,14 @@ from mlxcore.errors import PluginError
 IMPLICIT_METHODS = frozenset({"OPTIONS"})
 """Methods Litestar adds to every path by itself (CORS pre-flight)."""
 
+PUBLIC_OPTION = "public"
+"""A route handler's ``opt`` key: reachable without an API key. Only for routes that
+serve no data (the browser page's files); everything else stays behind ``--api-key``."""
+
+BROWSER_HOME_OPTION = "browser_home"
+"""A route handler's ``opt`` key: the page a browser asking for ``/`` is sent to (a
+plugin's web page); clients asking for JSON still get the server's description."""
+
 
 def http_routes(handlers: Iterable[Any]) -> Iterator[tuple[str, str, Any]]:
     """``(method, full path, handler)`` for every route in ``handlers`` (plain

@@ -107,7 +107,10 @@ class RadixPrefixCache(CacheStrategy):
         self.max_nodes = MAX_NODES
         self.evicted: collections.deque[np.ndarray] = collections.deque()
         self.tree = PrefixTree(
-            split_segment, needs_snapshots=self.layout.recurrent, on_evict=self._remember
+            split_segment,
+            needs_snapshots=self.layout.recurrent,
+            on_evict=self._remember,
+            size=segment_nbytes,
         )
         self.counter = LookupCounter()
 

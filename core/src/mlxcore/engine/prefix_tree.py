@@ -125,6 +125,9 @@ class PrefixTree:
         split: splits a segment (see :data:`Split`).
         needs_snapshots: the state is usable only at snapshots (hybrid models).
         on_evict: called with each leaf before it is removed (its tokens are still there).
+        size: a segment's bytes, to account for a split's two halves exactly (a split
+            costs more than the whole when each half carries a fixed cost); without it
+            the bytes are shared in proportion to the tokens.
     """
 
     def __init__(
@@ -133,8 +136,10 @@ class PrefixTree:
         *,
         needs_snapshots: bool,
         on_evict: Callable[[Node], None] | None = None,
+        size: Callable[[Any], int] | None = None,
     ) -> None:
         self.split = split
+        self.size = size
         self.needs_snapshots = needs_snapshots
         self.on_evict = on_evict
         self.root = Node(None, np.zeros(0, dtype=np.int64), 0, 0)
@@ -225,13 +230,18 @@ class PrefixTree:
         """Cut ``node`` after its first ``at`` tokens; returns the new upper part."""
         assert node.parent is not None and 0 < at < node.tokens.shape[0]
         head_seg, tail_seg = self.split(node.segment, at)
-        share = node.segment_bytes * at // node.tokens.shape[0]
+        if self.size is not None:
+            head_bytes, tail_bytes = self.size(head_seg), self.size(tail_seg)
+        else:
+            head_bytes = node.segment_bytes * at // node.tokens.shape[0]
+            tail_bytes = node.segment_bytes - head_bytes
+        self.nbytes += head_bytes + tail_bytes - node.segment_bytes
         upper = self._new(node.parent, node.tokens[:at].copy())
-        upper.segment, upper.segment_bytes = head_seg, share
+        upper.segment, upper.segment_bytes = head_seg, head_bytes
         upper.last_used = node.last_used
         node.tokens = node.tokens[at:].copy()
         node.start += at
-        node.segment, node.segment_bytes = tail_seg, node.segment_bytes - share
+        node.segment, node.segment_bytes = tail_seg, tail_bytes
         node.parent = upper
         upper.children[int(node.tokens[0])] = node
         return upper

@@ -20,23 +20,27 @@ from typing import Any
 
 from litestar import Litestar, Request, Response, Router, get, head
 from litestar.config.cors import CORSConfig
+from litestar.response import Redirect
 
 from mlxcore import structured
 from mlxcore.config import ServerConfig
 from mlxcore.embeddings import EmbeddingError, hidden_size
 from mlxcore.hooks import PluginHooks
-from mlxcore.routes import RouteTable, http_routes
+from mlxcore.routes import BROWSER_HOME_OPTION, PUBLIC_OPTION, RouteTable, http_routes
 from mlxcore.server.errors import APIError, api_error_handler
 from mlxcore.server.keys import KeyCollector, KeyTable, current_key, retry_after
 from mlxcore.server.metrics import Metrics
 from mlxcore.server.model_routes import model_routes
 from mlxcore.server.openapi import (
     INTEGER,
+    NUMBER,
     REPLIES_OPTION,
     STRING,
     ModelLimits,
+    array,
     const,
     docs_page,
+    nullable,
     obj,
     openapi_document,
     reply,
@@ -137,14 +141,31 @@ async def health_head() -> None:
     """``HEAD /health`` for load balancers and uptime probes: 200, no body."""
 
 
-@get("/", opt={REPLIES_OPTION: {200: reply("this server", SERVER)}})
-async def root(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    """``GET /``: what this server is (clients such as Claude Code probe it)."""
+@get(
+    "/",
+    opt={
+        REPLIES_OPTION: {
+            200: reply("this server", SERVER),
+            302: {
+                "description": "a browser (Accept: text/html) is sent to the web page",
+                "content": {},
+                "headers": {"Location": {"schema": STRING}},
+            },
+        },
+    },
+)
+async def root(request: Request[Any, Any, Any]) -> Response[Any]:
+    """``GET /``: what this server is (clients such as Claude Code probe it); a browser is
+    sent to the web page when a plugin serves one (the ``ui`` plugin)."""
+    home: str | None = request.app.state.browser_home
+    if home and request.accept.best_match(["application/json", "text/html"]) == "text/html":
+        query = request.url.query
+        return Redirect(home + (f"?{query}" if query else ""), status_code=302)
     router: ModelRouter = request.app.state.router
     body: dict[str, Any] = {"object": "server", "name": "mlxcore", "status": "ok"}
     if not _keyed(request.app.state.config):
         body["model"] = router.default.spec.name
-    return body
+    return Response(body)
 
 
 @head("/")
@@ -161,6 +182,44 @@ async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Prometheus metrics."""
     metrics_: Metrics = request.app.state.metrics
     return Response(metrics_.render(), media_type="text/plain; version=0.0.4")
+
+
+_SAMPLE = obj(
+    {"labels": {"type": "object", "additionalProperties": STRING}, "value": nullable(NUMBER)}
+)
+METRICS_JSON = obj(
+    {
+        "object": const("metrics"),
+        "metrics": {"type": "object", "additionalProperties": array(_SAMPLE)},
+        "recent_requests": array(
+            obj(
+                {
+                    "id": STRING,
+                    "model": STRING,
+                    "finished_at": NUMBER,
+                    "finish_reason": STRING,
+                    "prompt_tokens": INTEGER,
+                    "cached_tokens": INTEGER,
+                    "completion_tokens": INTEGER,
+                    "seconds": NUMBER,
+                    "ttft_seconds": nullable(NUMBER),
+                    "tokens_per_second": nullable(NUMBER),
+                }
+            )
+        ),
+    },
+    title="MetricsJSON",
+)
+"""What ``/metrics/json`` answers."""
+
+
+@get("/metrics/json", opt={REPLIES_OPTION: {200: reply("the metrics as JSON", METRICS_JSON)}})
+async def metrics_json(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    """The same metrics as ``/metrics`` as JSON (histogram buckets left out), with the
+    newest finished requests (TTFT, tokens/s, cached share); what the web page's
+    dashboard polls. Read from the registry: nothing is asked of the engine thread."""
+    metrics_: Metrics = request.app.state.metrics
+    return metrics_.as_json()
 
 
 ACCEPT_DRAIN_SECONDS = 1.0
@@ -190,7 +249,7 @@ def _auth_hook(keys: KeyTable) -> Any:
         return None
 
     async def check(request: Request[Any, Any, Any]) -> None:
-        if request.url.path in OPEN_PATHS:
+        if request.url.path in OPEN_PATHS or request.route_handler.opt.get(PUBLIC_OPTION):
             return
         header = request.headers.get("authorization", "")
         token = header[7:].strip() if header.lower().startswith("bearer ") else ""
@@ -209,6 +268,15 @@ def _auth_hook(keys: KeyTable) -> Any:
         current_key.set(key)
 
     return check
+
+
+def browser_home(handlers: list[Any]) -> str | None:
+    """The path of the page a browser asking for ``/`` is sent to, if a plugin serves one
+    (a GET route whose ``opt`` holds :data:`~mlxcore.routes.BROWSER_HOME_OPTION`)."""
+    for method, path, handler in http_routes(handlers):
+        if method == "GET" and handler.opt.get(BROWSER_HOME_OPTION):
+            return str(path)
+    return None
 
 
 def _error_handlers_by_path(handlers: list[Any]) -> dict[str, Any]:
@@ -246,7 +314,10 @@ def create_app(
     ``preload``: models to load at start-up)."""
     config = router.default.spec.config
     core = RouteTable()
-    core.add("mlxcore", [root, root_head, health, health_head, metrics, *model_routes()])
+    core.add(
+        "mlxcore",
+        [root, root_head, health, health_head, metrics, metrics_json, *model_routes()],
+    )
     routes = hooks.routes(config, core).handlers
     # built at the first ask, once the default model (and its limits) is loaded
     document = functools.cache(lambda: openapi_document(routes, limits=_limits(router)))
@@ -310,6 +381,7 @@ def create_app(
     )
     app.state.router = router
     app.state.config = config
+    app.state.browser_home = browser_home(routes)
     app.state.metrics = router.metrics
     return app
 
@@ -353,6 +425,8 @@ def serve(router: ModelRouter, hooks: PluginHooks, preload: Sequence[ModelSlot] 
     app.state.server = server
     names = ", ".join(slot.spec.name for slot in router.slots)
     log.info("serving %s at http://%s:%d/v1", names, config.host, config.port)
+    if app.state.browser_home:
+        log.info("web page at http://%s:%d/", config.host, config.port)
     server.run()
     failed = [s for s in router.slots if s.service and s.service.runtime.engine.state == "failed"]
     if router.single and failed:

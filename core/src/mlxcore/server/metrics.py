@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+import threading
+import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -14,6 +18,8 @@ from mlxcore.engine.events import FinishEvent
 
 PREFIX = "mlxcore"
 MODEL_STATES = ("not_loaded", "loading", "loaded", "failed")
+RECENT_REQUESTS = 50
+"""How many finished requests :meth:`Metrics.as_json` lists (the newest)."""
 
 
 class _GaugeReader(Collector):
@@ -69,6 +75,8 @@ class Metrics:
         )
         self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds", "TTFT", registry=r)
         self.latency = Histogram(f"{PREFIX}_request_seconds", "request duration", registry=r)
+        self._recent: deque[dict[str, Any]] = deque(maxlen=RECENT_REQUESTS)
+        self._recent_lock = threading.Lock()
         if live is not None:
             self.watch(live)
 
@@ -88,17 +96,62 @@ class Metrics:
             status = str(message.get("status", 0))
             self.http.labels(method=scope.get("method", ""), route=route, status=status).inc()
 
-    def record_finish(self, event: FinishEvent, seconds: float) -> None:
-        """Account for one finished request."""
+    def record_finish(
+        self,
+        event: FinishEvent,
+        seconds: float,
+        *,
+        ttft: float | None = None,
+        model: str = "",
+        request_id: str = "",
+    ) -> None:
+        """Account for one finished request (``ttft``: seconds to its first token, None
+        when it produced none) and list it among the recent ones."""
+        usage = event.usage
         self.requests.labels(finish_reason=event.reason).inc()
-        self.prompt_tokens.inc(event.usage.prompt_tokens)
-        self.cached_tokens.inc(event.usage.cached_tokens)
-        self.generated_tokens.inc(event.usage.completion_tokens)
+        self.prompt_tokens.inc(usage.prompt_tokens)
+        self.cached_tokens.inc(usage.cached_tokens)
+        self.generated_tokens.inc(usage.completion_tokens)
         self.latency.observe(seconds)
+        decode = seconds - ttft if ttft is not None else 0.0
+        entry = {
+            "id": request_id,
+            "model": model,
+            "finished_at": time.time(),
+            "finish_reason": event.reason,
+            "prompt_tokens": usage.prompt_tokens,
+            "cached_tokens": usage.cached_tokens,
+            "completion_tokens": usage.completion_tokens,
+            "seconds": round(seconds, 4),
+            "ttft_seconds": None if ttft is None else round(ttft, 4),
+            # decode speed after the first token (None for one token or none)
+            "tokens_per_second": round((usage.completion_tokens - 1) / decode, 2)
+            if usage.completion_tokens > 1 and decode > 0
+            else None,
+        }
+        with self._recent_lock:
+            self._recent.append(entry)
 
     def render(self) -> bytes:
         """The Prometheus text exposition."""
         return generate_latest(self.registry)
+
+    def as_json(self) -> dict[str, Any]:
+        """The same metrics as :meth:`render`, as JSON: each sample name -> its labelled
+        values (histogram buckets left out: their ``_sum`` and ``_count`` stay), and the
+        newest finished requests, newest first."""
+        samples: dict[str, list[dict[str, Any]]] = {}
+        for family in self.registry.collect():
+            for sample in family.samples:
+                if sample.name.endswith(("_bucket", "_created")):
+                    continue
+                value = sample.value if math.isfinite(sample.value) else None
+                samples.setdefault(sample.name, []).append(
+                    {"labels": dict(sample.labels), "value": value}
+                )
+        with self._recent_lock:
+            recent = list(reversed(self._recent))
+        return {"object": "metrics", "metrics": samples, "recent_requests": recent}
 
 
 def memory_gauges() -> dict[str, float]:

@@ -35,6 +35,7 @@ _STATE = {
     "aliases": array(STRING),
     "task": STRING,
     "pinned": BOOLEAN,
+    "memory_bytes": INTEGER,
 }
 MODEL_STATE = obj(
     {"id": STRING, "object": const("model"), **_STATE}, {"error": STRING}, title="ModelState"
@@ -171,6 +172,34 @@ async def unload_model(request: Request[Any, Any, Any], model_id: str) -> dict[s
     return {"id": slot.spec.name, "object": "model", **router.describe(slot)}
 
 
+def _set_pin(request: Request[Any, Any, Any], model_id: str, pinned: bool) -> dict[str, Any]:
+    router = _router(request)
+    slot = _known(router, model_id)
+    slot.pin = pinned
+    return {"id": slot.spec.name, "object": "model", **router.describe(slot)}
+
+
+@post(
+    "/v1/models/{model_id:str}/pin",
+    status_code=200,
+    opt={REPLIES_OPTION: {200: reply("pinned", MODEL_STATE)}},
+)
+async def pin_model(request: Request[Any, Any, Any], model_id: str) -> dict[str, Any]:
+    """Pin a model until the server stops: it is never unloaded to make room or for
+    idleness (the unload route still unloads it)."""
+    return _set_pin(request, model_id, True)
+
+
+@post(
+    "/v1/models/{model_id:str}/unpin",
+    status_code=200,
+    opt={REPLIES_OPTION: {200: reply("unpinned", MODEL_STATE)}},
+)
+async def unpin_model(request: Request[Any, Any, Any], model_id: str) -> dict[str, Any]:
+    """Unpin a model (models.toml's ``pinned`` included) until the server stops."""
+    return _set_pin(request, model_id, False)
+
+
 def model_routes() -> list[HTTPRouteHandler]:
     """The route handlers of this module."""
-    return [list_models, retrieve_model, load_model, unload_model]
+    return [list_models, retrieve_model, load_model, unload_model, pin_model, unpin_model]

@@ -196,7 +196,11 @@ def openapi_document(
     handlers: Iterable[Any], title: str = "mlxcore", limits: ModelLimits | None = None
 ) -> dict[str, Any]:
     """The OpenAPI 3.1 document for ``handlers`` (with the served model's ``limits``)."""
-    routes = [r for r in http_routes(handlers) if r[0] != "HEAD"]
+    routes = [
+        r
+        for r in http_routes(handlers)
+        if r[0] != "HEAD" and getattr(r[2], "include_in_schema", True) is not False
+    ]
     bodies = {h.opt.get(BODY_OPTION) for _, _, h in routes} - {None}
     order = sorted(bodies, key=lambda t: t.__name__)
     schemas, components = msgspec.json.schema_components(

@@ -68,11 +68,14 @@ class ModelSlot:
     loading: asyncio.Future[GenerationService] | None = None
     loads: int = 0
     unloads: int = 0
+    pin: bool | None = None
+    """Pinned or not by the admin routes since start-up (``None``: as models.toml says)."""
 
     @property
     def pinned(self) -> bool:
-        """Never unloaded."""
-        return self.spec.entry.pinned
+        """Never unloaded for memory or idleness (models.toml's ``pinned``, or the admin
+        routes' choice)."""
+        return self.spec.entry.pinned if self.pin is None else self.pin
 
     def idle_for(self, now: float) -> float | None:
         """Seconds since last use when nothing of this model is in flight, else ``None``."""
@@ -397,6 +400,8 @@ class ModelRouter:
             "aliases": list(slot.spec.entry.aliases),
             "task": slot.spec.entry.task,
             "pinned": slot.pinned,
+            # the weights' bytes: measured once loaded, estimated from the files before
+            "memory_bytes": slot.footprint,
         }
         if slot.state == FAILED:
             out["error"] = slot.error

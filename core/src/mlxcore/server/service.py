@@ -145,11 +145,21 @@ class GenerationService:
         events: asyncio.Queue[Event] = asyncio.Queue()
         admission: asyncio.Future[FinishEvent | None] = loop.create_future()
 
+        first_token_at: list[float] = []
+
         def deliver(event: Event) -> None:
             # Accounted here, not by the consumer: a request whose client went away
             # (cancelled) still counts as finished.
+            if isinstance(event, TokenEvent) and not first_token_at:
+                first_token_at.append(time.perf_counter())
             if isinstance(event, FinishEvent):
-                self.metrics.record_finish(event, time.perf_counter() - gen.created_at)
+                self.metrics.record_finish(
+                    event,
+                    time.perf_counter() - gen.created_at,
+                    ttft=first_token_at[0] - gen.created_at if first_token_at else None,
+                    model=self.adapter or (self.names[0] if self.names else ""),
+                    request_id=gen.request.request_id,
+                )
                 if not admission.done():
                     admission.set_result(event)
             events.put_nowait(event)

@@ -1,0 +1,89 @@
+// Talking to the server: the API key (kept for this tab), JSON requests, and the
+// server-sent events of a streamed chat completion.
+
+const KEY = "mlxcore-api-key";
+
+export class AuthError extends Error {}
+
+/** The API key this tab uses ("" for none). */
+export function apiKey() {
+  return sessionStorage.getItem(KEY) || "";
+}
+
+export function setApiKey(key) {
+  if (key) sessionStorage.setItem(KEY, key);
+  else sessionStorage.removeItem(KEY);
+}
+
+function headers(extra) {
+  const out = { ...extra };
+  const key = apiKey();
+  if (key) out.Authorization = `Bearer ${key}`;
+  return out;
+}
+
+/** The error message of a failed response, in OpenAI's or Anthropic's shape. */
+async function failure(response) {
+  let message = `${response.status} ${response.statusText}`;
+  try {
+    const body = await response.json();
+    if (body && body.error && typeof body.error.message === "string") message = body.error.message;
+  } catch (_) {
+    // not JSON: keep the status line
+  }
+  if (response.status === 401) return new AuthError(message);
+  return new Error(message);
+}
+
+/** GET or POST JSON; throws AuthError on 401 and Error with the server's message otherwise. */
+export async function api(path, { method = "GET", body, signal } = {}) {
+  const init = { method, headers: headers(body ? { "Content-Type": "application/json" } : {}), signal };
+  if (body) init.body = JSON.stringify(body);
+  const response = await fetch(path, init);
+  if (!response.ok) throw await failure(response);
+  return response.json();
+}
+
+/**
+ * POST a streamed chat completion and call onChunk(chunk) for every JSON event until the
+ * stream ends. Aborting `signal` closes the connection, which cancels the request on the
+ * server. Resolves with the last chunk's finish reason (or null when the stream ended
+ * without one).
+ */
+export async function streamChat(body, signal, onChunk) {
+  const response = await fetch("/v1/chat/completions", {
+    method: "POST",
+    headers: headers({ "Content-Type": "application/json", Accept: "text/event-stream" }),
+    body: JSON.stringify({ ...body, stream: true, stream_options: { include_usage: true } }),
+    signal,
+  });
+  if (!response.ok) throw await failure(response);
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  let finish = null;
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += decoder.decode(value, { stream: true });
+    let cut;
+    while ((cut = buffer.search(/\r?\n\r?\n/)) >= 0) {
+      const block = buffer.slice(0, cut);
+      buffer = buffer.slice(cut).replace(/^\r?\n\r?\n/, "");
+      const data = block
+        .split(/\r?\n/)
+        .filter((line) => line.startsWith("data:"))
+        .map((line) => line.slice(5).replace(/^ /, ""))
+        .join("\n");
+      if (!data) continue;
+      if (data === "[DONE]") return finish;
+      const chunk = JSON.parse(data);
+      if (chunk.error) throw new Error(chunk.error.message || "the server ended the stream with an error");
+      for (const choice of chunk.choices || []) {
+        if (choice.finish_reason) finish = choice.finish_reason;
+      }
+      onChunk(chunk);
+    }
+  }
+  return finish;
+}

@@ -1,0 +1,92 @@
+"""Fixtures for the web page's tests: a real server and headless Chromium.
+
+Chromium is Debian's (``make setup`` installs it when it runs as root with apt-get, as it
+does OpenBLAS); the browser tests are skipped with a message saying so where it is
+missing. Playwright for Python drives it (``executable_path``: no browser download).
+Screenshots go to ``$MLXCORE_UI_SCREENSHOTS`` when set (``make ui-screenshots`` points it
+at docs/images), else to the test's temporary folder.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mlxcore.testing.server import Server, ServerFactory
+
+API_KEY = "ui-test-key"
+"""The key ``ui_server`` asks for (the tests spell it out too)."""
+
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+"""Headless in a container as root, and no connections to the (closed) outside network."""
+
+
+def chromium_path() -> str | None:
+    """Debian's Chromium (``MLXCORE_CHROMIUM`` overrides), or None."""
+    for candidate in (os.environ.get("MLXCORE_CHROMIUM"), "chromium", "chromium-browser"):
+        if candidate and (found := shutil.which(candidate)):
+            return found
+    return None
+
+
+@pytest.fixture(scope="module")
+def ui_server(
+    mlxcore_server: ServerFactory,
+    tiny_qwen3: Path,
+    tiny_llama: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Server:
+    """Two chat models (``qwen``, the default, and ``llama``), both scripted (a request's
+    ``test_script`` is what the model writes), behind an API key."""
+    config = tmp_path_factory.mktemp("ui-models") / "models.toml"
+    config.write_text(
+        f'[models.llama]\nsource = "{tiny_llama}"\nplugins = ["mlxcore.testing.scripted"]\n'
+    )
+    return mlxcore_server(
+        tiny_qwen3,
+        "--served-model-name",
+        "qwen",
+        "--plugin",
+        "mlxcore.testing.scripted",
+        "--models-config",
+        str(config),
+        "--api-key",
+        API_KEY,
+    )
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """A headless Chromium (skips the test where there is none)."""
+    path = chromium_path()
+    if path is None:
+        pytest.skip(
+            "no Chromium on this machine: `make setup` installs Debian's chromium when it "
+            "runs as root with apt-get (or: apt-get install chromium; MLXCORE_CHROMIUM=PATH)"
+        )
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def screenshots(tmp_path: Path) -> Path:
+    """Where the tests' screenshots go."""
+    folder = Path(os.environ.get("MLXCORE_UI_SCREENSHOTS") or tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
