@@ -129,7 +129,7 @@ function renderMetrics(health, json) {
     ["Weights", bytes(mem.weights_bytes)],
     ["KV reserved", bytes(mem.kv_reserved_bytes)],
     ["Prefix cache", bytes(mem.prefix_cache_bytes)],
-    ["Disk cache", bytes(value(m, "mlxcore_disk_cache_bytes"))],
+    ["Disk cache", bytes(value(m, "mlxcore_prefix_cache_disk_bytes"))],
     ["MLX active", bytes(mem.mlx_active_bytes)],
     ["MLX buffer cache", bytes(mem.mlx_cache_bytes)],
     ["Limit", bytes(value(m, "mlxcore_memory_limit_bytes"))],
