@@ -117,6 +117,12 @@ class ServerConfig:
         help="a request waiting longer than this to start is answered as overloaded "
         "(503 with Retry-After; 0: no limit)",
     )  # fmt: skip
+    priority_aging: float = setting(
+        5.0, group=ENGINE, type=seconds, metavar="SECONDS",
+        help="a waiting request gains one priority level for each SECONDS it waits, so "
+        "lower priorities still start under sustained higher-priority load (0: strict "
+        "priorities)",
+    )  # fmt: skip
     engine_watchdog: float = setting(
         300.0, group=ENGINE, type=seconds, metavar="SECONDS",
         help="an engine step making no progress this long is a fault: its requests fail, "

@@ -134,6 +134,8 @@ class RequestSpec:
     thinking_budget: int | None = None
     """Most tokens the model may think before the server closes its think block
     (``None``: ``--thinking-token-budget``, by default no limit)."""
+    priority: int | None = None
+    """Where the request queues (lower first; ``None``: the API key's default, else 0)."""
 
 
 @attrs.frozen
@@ -437,6 +439,7 @@ def build_generations(rt: Runtime, spec: RequestSpec) -> list[Generation]:
             request_id=spec.new_id(),
             media=prompt.media,
             cache_key=prompt.cache_key,
+            priority=spec.priority,
         )
         validate(rt, request, spec.constraint.field if spec.constraint else "response_format")
         gens.append(Generation(request, output_pipeline(rt, spec, prompt.text)))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from mlxcore.config import ServerConfig
@@ -30,6 +31,26 @@ class EngineOverloaded(MlxcoreError):
 
 class EngineUnavailable(MlxcoreError):
     """The engine is restarting after a fault, has failed for good, or is shutting down."""
+
+
+def admission_order(
+    waiting: Sequence[RequestHandle], now: float, aging: float
+) -> list[RequestHandle]:
+    """The waiting requests in the order they may start: lower ``priority`` first
+    (vLLM's convention), each ``aging`` seconds waited counting as one level better (so
+    no priority starves; 0: strict), then by arrival. Arrival order when every request
+    has the same priority."""
+    first = waiting[0].request.priority if waiting else None
+    if all(h.request.priority == first for h in waiting):
+        return list(waiting)
+
+    def rank(handle: RequestHandle) -> tuple[float, float]:
+        level = float(handle.request.priority or 0)
+        if aging > 0:
+            level -= (now - handle.queued_at) / aging
+        return level, handle.queued_at
+
+    return sorted(waiting, key=rank)
 
 
 class Admission:
@@ -101,24 +122,35 @@ class Admission:
         return self.jobs.take(fits, limit, late)
 
     def _take_waiting(self, loop: BatchLoop) -> list[RequestHandle]:
-        """Pop the requests that may start now: a free slot each, and their cache fits
-        the budget left (evicting prefix-cache entries first)."""
+        """Pop the requests that may start now, in :func:`admission_order`: a free slot
+        each, and their cache fits the budget left (evicting prefix-cache entries first).
+        The first that does not fit stops the round (nothing overtakes it for being
+        smaller, so a long prompt is not starved)."""
         self._drop_cancelled_waiting()
         room = self.config.max_num_seqs - len(loop.live)
+        if room <= 0 or not self._waiting:
+            return []
         reserved = self._reserved(loop)
         taken: list[RequestHandle] = []
-        while room > 0 and self._waiting:
-            head = self._waiting[0].request
-            gone = adapter_missing(self.model, head)
+        left: set[int] = set()
+        order = admission_order(self._waiting, time.monotonic(), self.config.priority_aging)
+        for handle in order:
+            if room <= 0:
+                break
+            gone = adapter_missing(self.model, handle.request)
             if gone is not None:  # its LoRA adapter was unloaded while it waited
-                self._end(self._waiting.popleft(), "error", UNAVAILABLE, gone)
+                self._end(handle, "error", UNAVAILABLE, gone)
+                left.add(id(handle))
                 continue
-            need = self.memory.cost(len(head.prompt_tokens) + head.max_tokens)
+            need = self.memory.cost(len(handle.request.prompt_tokens) + handle.request.max_tokens)
             if (loop.live or taken) and not self._fits(loop, reserved + need):
                 break
-            taken.append(self._waiting.popleft())
+            taken.append(handle)
+            left.add(id(handle))
             reserved += need
             room -= 1
+        if left:
+            self._waiting = collections.deque(h for h in self._waiting if id(h) not in left)
         self.peak_reserved = max(self.peak_reserved, reserved)
         return taken
 

@@ -78,6 +78,9 @@ class GenerationRequest:
             when equal token ids do not mean equal state: a media prompt's placeholder
             tokens are the same for every image, so the media plugin replaces them with
             ids derived from the media's hash. ``None``: the prompt tokens themselves.
+        priority: where it queues (vLLM's convention: lower starts first, ties by
+            arrival; ``None``: 0, or the API key's default, see
+            :func:`mlxcore.server.keys.request_priority`).
     """
 
     prompt_tokens: tuple[int, ...]
@@ -90,6 +93,7 @@ class GenerationRequest:
     boundaries: tuple[int, ...] = ()
     media: Any = None
     cache_key: tuple[int, ...] | None = None
+    priority: int | None = None
 
     @property
     def cache_tokens(self) -> tuple[int, ...]:

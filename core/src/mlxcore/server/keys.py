@@ -42,6 +42,8 @@ WINDOW = 60.0
 """Seconds the limits are counted over."""
 
 PRIORITIES = ("high", "normal", "low")
+PRIORITY_LEVELS = {"high": -1, "normal": 0, "low": 1}
+"""A key's ``priority`` as a request priority (vLLM's convention: lower starts first)."""
 
 current_key: contextvars.ContextVar[ApiKey | None] = contextvars.ContextVar(
     "mlxcore_api_key", default=None
@@ -57,7 +59,9 @@ class ApiKey:
     secret: bytes
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
-    priority: str = "normal"
+    priority: str | None = None
+    """``high``, ``normal`` or ``low``: its requests' default priority and the best they
+    may ask for (``None``: they may ask for any)."""
     requests: collections.deque[float] = attrs.field(factory=collections.deque)
     tokens: collections.deque[tuple[float, int]] = attrs.field(factory=collections.deque)
     tokens_in_window: int = 0  # the sum of ``tokens``, kept as they come and go
@@ -212,10 +216,20 @@ def _read_file(path: Path) -> list[ApiKey]:
             ):
                 raise UsageError(f"{where}.{field} must be a whole number >= 1")
             limits.append(value)
-        priority = table.get("priority", "normal")
-        if priority not in PRIORITIES:
+        priority = table.get("priority")
+        if priority is not None and priority not in PRIORITIES:
             raise UsageError(f"{where}.priority must be one of {', '.join(PRIORITIES)}")
         requests, tokens = limits
         key = ApiKey(str(name), table["key"].encode(), requests, tokens, priority=priority)
         out.append(key)
     return out
+
+
+def request_priority(asked: int | None, key: ApiKey | None) -> int | None:
+    """The priority a request runs at: what it ``asked`` for, but never better than its
+    API key's level (a ``low`` key cannot jump the queue); the key's level when it asked
+    for none; ``None`` (0) without either."""
+    level = PRIORITY_LEVELS.get(key.priority) if key is not None and key.priority else None
+    if level is None:
+        return asked
+    return level if asked is None else max(asked, level)

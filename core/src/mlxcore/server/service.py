@@ -19,6 +19,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+import attrs
+
 from mlxcore.engine.adapters import adapter_request, adapters_of
 from mlxcore.engine.engine import EngineOverloaded, EngineUnavailable
 from mlxcore.engine.events import (
@@ -36,7 +38,7 @@ from mlxcore.output import OutputDelta
 from mlxcore.request_builder import Generation
 from mlxcore.runtime import Runtime
 from mlxcore.server.errors import APIError, from_domain, overloaded
-from mlxcore.server.keys import charge_current
+from mlxcore.server.keys import charge_current, current_key, request_priority
 from mlxcore.server.metrics import Metrics
 
 T = TypeVar("T")
@@ -176,6 +178,9 @@ class GenerationService:
 
         if self.adapter is not None:
             gen.request = self._adapted(gen.request)
+        priority = request_priority(gen.request.priority, current_key.get())
+        if priority != gen.request.priority:
+            gen.request = attrs.evolve(gen.request, priority=priority)
         try:
             handle = self.runtime.engine.submit(gen.request, sink, on_admitted)
         except (EngineOverloaded, EngineUnavailable) as exc:

@@ -73,6 +73,7 @@ def request_spec(
         constraint=convert.constraint(body),
         n=body.n,
         thinking_budget=convert.thinking_budget(body),
+        priority=body.priority,
     )
 
 

@@ -99,6 +99,7 @@ def request_specs(
             extras=extras,
             n=body.n,
             parse=False,
+            priority=body.priority,
         )
         for prompt in prompts
     ]

@@ -112,6 +112,8 @@ class SamplerFields(msgspec.Struct, kw_only=True):
     logit_bias: dict[str, Annotated[float, _range(-100.0, 100.0)]] | None = None
     seed: Annotated[int, SEED] | None = None
     n: Annotated[int, _range(1, MAX_N)] = 1
+    priority: Annotated[int, _range(-(2**31), 2**31 - 1)] | None = None
+    """vLLM's: where the request queues (lower starts first; see docs/generation-controls.md)."""
 
 
 class SamplingFields(SamplerFields, kw_only=True):

@@ -205,6 +205,7 @@ def prepare(
         extras=extras,
         constraint=constraint,
         thinking_budget=_effort_budget(body),
+        priority=body.priority,
     )
     (generation,) = builder.build_generations(svc.runtime, spec)
     return Prepared(generation, _with_ids(given), namespaces)

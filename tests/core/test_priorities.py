@@ -1,0 +1,110 @@
+"""Request priorities: the engine admits by priority (lower first, vLLM's convention), then
+by arrival, with waiting time aging a request up so none starves; an API key's level is
+its requests' default and the best they may ask for."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from pathlib import Path
+
+from mlxcore.engine.admission import admission_order
+from mlxcore.engine.events import Event, FinishEvent, RequestHandle, TokenEvent
+from mlxcore.engine.request import GenerationRequest, SamplingParams
+from mlxcore.server.keys import ApiKey, request_priority
+from mlxcore.testing.runtime import make_runtime
+
+
+def handle(uid: int, priority: int | None, queued_at: float) -> RequestHandle:
+    h = RequestHandle(uid, GenerationRequest((1, 2, 3), 4, priority=priority), lambda e: None)
+    h.queued_at = queued_at
+    return h
+
+
+def test_order_is_priority_then_arrival() -> None:
+    waiting = [handle(1, 1, 0.0), handle(2, None, 1.0), handle(3, -1, 2.0), handle(4, 1, 3.0)]
+    order = admission_order(waiting, now=4.0, aging=0.0)
+    assert [h.uid for h in order] == [3, 2, 1, 4]
+    # the same priority everywhere: arrival order, untouched
+    same = [handle(i, 2, float(i)) for i in range(5)]
+    assert [h.uid for h in admission_order(same, now=9.0, aging=0.0)] == [0, 1, 2, 3, 4]
+
+
+def test_waiting_ages_a_request_up() -> None:
+    old_low = handle(1, 1, 0.0)
+    new_high = handle(2, -1, 9.0)
+    # strict: the high one goes first however long the low one waited
+    assert admission_order([old_low, new_high], now=10.0, aging=0.0)[0] is new_high
+    # one level per 2 s: after 10 s the low one (1 - 5 = -4) beats the fresh high (-1.5)
+    assert admission_order([old_low, new_high], now=10.0, aging=2.0)[0] is old_low
+    # not yet after 2 s (1 - 1 = 0 against -1)
+    assert admission_order([old_low, handle(3, -1, 2.0)], now=2.0, aging=2.0)[0].uid == 3
+
+
+def test_a_keys_level_is_the_default_and_the_best_it_may_ask_for() -> None:
+    low = ApiKey("batch", b"k", priority="low")
+    high = ApiKey("ops", b"k2", priority="high")
+    free = ApiKey("plain", b"k3")
+    assert request_priority(None, None) is None
+    assert request_priority(-5, None) == -5
+    assert request_priority(None, low) == 1
+    assert request_priority(-5, low) == 1  # cannot jump the queue
+    assert request_priority(7, low) == 7  # may ask to wait longer
+    assert request_priority(None, high) == -1
+    assert request_priority(-3, free) == -3 and request_priority(None, free) is None
+
+
+def greedy(max_tokens: int, priority: int | None = None) -> GenerationRequest:
+    return GenerationRequest(
+        (1, 2, 3, 4), max_tokens, SamplingParams(temperature=0.0), priority=priority
+    )
+
+
+def test_engine_admits_a_high_priority_request_before_earlier_low_ones(tiny_llama: Path) -> None:
+    rt = make_runtime(tiny_llama, max_num_seqs=1, priority_aging=0.0)
+    admitted: list[str] = []
+    lock = threading.Lock()
+
+    def note(name: str) -> None:
+        with lock:
+            admitted.append(name)
+
+    try:
+        first: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        rt.engine.submit(greedy(60), first.put)
+        assert isinstance(first.get(timeout=30), TokenEvent)  # it runs; the rest wait
+        done: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        for i in range(3):
+            rt.engine.submit(greedy(4, 1), done.put, lambda i=i: note(f"low{i}"))
+        rt.engine.submit(greedy(4), done.put, lambda: note("default"))
+        rt.engine.submit(greedy(4, -1), done.put, lambda: note("high"))
+        finished = 0
+        deadline = time.monotonic() + 60
+        while finished < 5 and time.monotonic() < deadline:
+            if isinstance(done.get(timeout=60), FinishEvent):
+                finished += 1
+        assert admitted == ["high", "default", "low0", "low1", "low2"]
+    finally:
+        rt.engine.shutdown(timeout=5)
+
+
+def test_a_low_priority_request_still_starts_under_sustained_high_load(tiny_llama: Path) -> None:
+    """With aging, a low request waiting behind a stream of high ones gets its turn."""
+    rt = make_runtime(tiny_llama, max_num_seqs=1, priority_aging=0.2)
+    order: list[str] = []
+    try:
+        events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        rt.engine.submit(greedy(20, -1), events.put, lambda: order.append("high"))
+        rt.engine.submit(greedy(4, 1), events.put, lambda: order.append("low"))
+        deadline = time.monotonic() + 60
+        while "low" not in order and time.monotonic() < deadline:
+            # keep two high requests waiting at all times
+            waiting = rt.engine.stats()["requests_waiting"]
+            for _ in range(max(0, 3 - int(waiting))):
+                rt.engine.submit(greedy(20, -1), events.put, lambda: order.append("high"))
+            time.sleep(0.05)
+        assert "low" in order
+        assert order.index("low") > 0  # it did wait behind high ones first
+    finally:
+        rt.engine.shutdown(timeout=5)
