@@ -46,6 +46,11 @@ class ServerConfig:
         type=log_level,
         help="log level for mlxcore and uvicorn: critical, error, warning, info, debug (any case)",
     )
+    log_format: str = setting(
+        "text", group=COMMON, choices=("text", "json"),
+        help="log lines as text or as one JSON object each (time, level, logger, message, "
+        "request_id)",
+    )  # fmt: skip
     # -- engine ------------------------------------------------------------
     max_num_seqs: int = setting(
         32, group=ENGINE, type=positive_int,

@@ -128,13 +128,16 @@ class _PluginCommands:
         return cmd
 
 
-def setup_logging(level: str) -> None:
-    """Log mlxcore's own loggers (and uvicorn's) at ``level``; the root logger is untouched."""
+def setup_logging(level: str, kind: str = "text") -> None:
+    """Log mlxcore's own loggers (and uvicorn's) at ``level``, as ``kind`` (``text`` or
+    ``json``), each line with the id of the request it was written for; the root logger
+    is untouched."""
+    from mlxcore.server.request_ids import RequestIdFilter, log_formatter
+
     numeric = logging.DEBUG if level == "trace" else getattr(logging, level.upper())
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(
-        logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
-    )
+    handler.addFilter(RequestIdFilter())
+    handler.setFormatter(log_formatter(kind))
     for name in ("mlxcore", "uvicorn", "uvicorn.error", "uvicorn.access"):
         logger = logging.getLogger(name)
         logger.setLevel(numeric)
@@ -149,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mlxcore`` command; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     pre = options.first_phase(argv)
-    setup_logging(pre.log_level)
+    setup_logging(pre.log_level, pre.log_format)
     command = next((a for a in argv if not a.startswith("-")), None)
     if command in MODEL_COMMANDS:
         from mlxcore.blas import log_blas_status, reexec_with_openblas

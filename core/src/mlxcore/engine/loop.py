@@ -522,11 +522,14 @@ class BatchLoop:
         """End one request with an error (the detail goes to the log, not the client,
         unless the request itself was at fault: a :class:`RequestFault`)."""
         rid = live.request.request_id or live.handle.uid
+        tag = {"request_id": live.request.trace_id or None}  # the HTTP request's id
         if isinstance(exc, RequestFault):
-            log.warning("request %s refused during generation: %s", rid, exc)
+            log.warning("request %s refused during generation: %s", rid, exc, extra=tag)
             self.finish(live, "error", str(exc), exc.code)
             return
-        log.error("request %s failed: %s: %s", rid, type(exc).__name__, exc, exc_info=exc)
+        log.error(
+            "request %s failed: %s: %s", rid, type(exc).__name__, exc, exc_info=exc, extra=tag
+        )
         self.finish(live, "error", f"{type(exc).__name__}: {exc}")
         repair_random_state()
 

@@ -78,6 +78,7 @@ class GenerationRequest:
             when equal token ids do not mean equal state: a media prompt's placeholder
             tokens are the same for every image, so the media plugin replaces them with
             ids derived from the media's hash. ``None``: the prompt tokens themselves.
+        trace_id: see the attribute.
         priority: where it queues (vLLM's convention: lower starts first, ties by
             arrival; ``None``: 0, or the API key's default, see
             :func:`mlxcore.server.keys.request_priority`).
@@ -94,6 +95,8 @@ class GenerationRequest:
     media: Any = None
     cache_key: tuple[int, ...] | None = None
     priority: int | None = None
+    trace_id: str = ""
+    """The HTTP request's id (``x-request-id``), for the engine's log lines about it."""
 
     @property
     def cache_tokens(self) -> tuple[int, ...]:

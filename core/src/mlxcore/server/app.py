@@ -27,6 +27,7 @@ from mlxcore.config import ServerConfig
 from mlxcore.embeddings import EmbeddingError, hidden_size
 from mlxcore.hooks import PluginHooks
 from mlxcore.routes import BROWSER_HOME_OPTION, PUBLIC_OPTION, RouteTable, http_routes
+from mlxcore.server import request_ids
 from mlxcore.server.errors import APIError, api_error_handler
 from mlxcore.server.keys import KeyCollector, KeyTable, current_key, retry_after
 from mlxcore.server.metrics import Metrics
@@ -243,12 +244,14 @@ async def _exit_when_engine_fails(app: Litestar, router: ModelRouter) -> None:
         server.should_exit = True
 
 
-def _auth_hook(keys: KeyTable) -> Any:
-    """Authentication and per-key limits (:mod:`mlxcore.server.keys`)."""
-    if not keys:
-        return None
+def _before_request(keys: KeyTable) -> Any:
+    """Each request's id (:mod:`mlxcore.server.request_ids`), then authentication and
+    per-key limits (:mod:`mlxcore.server.keys`)."""
 
     async def check(request: Request[Any, Any, Any]) -> None:
+        request_ids.assign(request.scope)  # type: ignore[arg-type]
+        if not keys:
+            return
         if request.url.path in OPEN_PATHS or request.route_handler.opt.get(PUBLIC_OPTION):
             return
         header = request.headers.get("authorization", "")
@@ -370,8 +373,8 @@ def create_app(
     app = Litestar(
         route_handlers=handlers,
         exception_handlers={Exception: errors},
-        before_request=_auth_hook(keys),
-        before_send=[router.metrics.count_response],
+        before_request=_before_request(keys),
+        before_send=[request_ids.echo, router.metrics.count_response],
         cors_config=cors,
         request_max_body_size=config.max_request_body_bytes,
         lifespan=[lifespan],

@@ -40,6 +40,7 @@ from mlxcore.runtime import Runtime
 from mlxcore.server.errors import APIError, from_domain, overloaded
 from mlxcore.server.keys import charge_current, current_key, request_priority
 from mlxcore.server.metrics import Metrics
+from mlxcore.server.request_ids import current_request_id
 
 T = TypeVar("T")
 
@@ -179,8 +180,9 @@ class GenerationService:
         if self.adapter is not None:
             gen.request = self._adapted(gen.request)
         priority = request_priority(gen.request.priority, current_key.get())
-        if priority != gen.request.priority:
-            gen.request = attrs.evolve(gen.request, priority=priority)
+        trace_id = current_request_id.get() or ""
+        if priority != gen.request.priority or trace_id != gen.request.trace_id:
+            gen.request = attrs.evolve(gen.request, priority=priority, trace_id=trace_id)
         try:
             handle = self.runtime.engine.submit(gen.request, sink, on_admitted)
         except (EngineOverloaded, EngineUnavailable) as exc:
