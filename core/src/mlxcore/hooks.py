@@ -19,6 +19,7 @@ from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.strategies import CacheStrategy, Decoder, LogitsProcessor, PrefillStrategy
 from mlxcore.errors import UsageError
 from mlxcore.hookcalls import HookAnswers, call_hook
+from mlxcore.lifecycle import RequestRecord
 from mlxcore.model_info import ModelInfo
 from mlxcore.parsers.base import ReasoningParser, ToolParser
 from mlxcore.registry import Registry
@@ -175,3 +176,13 @@ class PluginHooks:
         """Processors every plugin adds for this request, in priority order."""
         answers = self._call("mlxcore_logits_processors", request=request, info=info)
         return [processor for items in answers.values() for processor in items]
+
+    # -- observers ---------------------------------------------------------
+
+    def request_finished(self, record: RequestRecord) -> None:
+        """``mlxcore_request_finished`` on every plugin; a failing observer is logged,
+        never raised (the request it observes is over)."""
+        try:
+            self._call("mlxcore_request_finished", record=record)
+        except Exception:
+            log.exception("a plugin failed observing request %s", record.request_id)

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
         LogitsProcessor,
         PrefillStrategy,
     )
+    from mlxcore.lifecycle import RequestRecord
     from mlxcore.model_info import ModelInfo
     from mlxcore.models.loader import LoadedModel
     from mlxcore.models.resolve import ResolvedModel
@@ -369,4 +370,24 @@ def mlxcore_routes(config: ServerConfig) -> list[Any] | None:
         @hookimpl
         def mlxcore_routes(config):
             return [MessagesController]
+    """
+
+
+@hookspec
+def mlxcore_request_finished(record: RequestRecord) -> None:
+    """Observe a generation that ended: its timeline (arrived, handed to the engine,
+    admitted, first token, finished), usage and finish reason, with the HTTP request's id
+    and W3C ``traceparent`` (:class:`~mlxcore.lifecycle.RequestRecord`).
+
+    When: once per generation (``n`` choices: once each), on the server's event loop,
+    right after its last event, whether it finished, failed or was cancelled. Must not
+    block: hand slow work (exporting, writing) to a thread. An exception is logged and
+    ignored; it never reaches the client. The ``otel`` plugin turns records into
+    OpenTelemetry spans.
+
+    Example::
+
+        @hookimpl
+        def mlxcore_request_finished(record):
+            queue.put((record.http_request_id, record.finished_ns - record.received_ns))
     """

@@ -18,6 +18,8 @@ import time
 import uuid
 from typing import Any
 
+import attrs
+
 HEADER = "x-request-id"
 SCOPE_KEY = "mlxcore_request_id"
 _VALID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
@@ -26,6 +28,27 @@ current_request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "mlxcore_request_id", default=None
 )
 """The id of the HTTP request being served (``None`` outside one)."""
+
+
+@attrs.frozen
+class HttpRequestInfo:
+    """What the generation layer may know of the HTTP request it serves (for the
+    ``mlxcore_request_finished`` hook: tracing, audit logs)."""
+
+    request_id: str
+    method: str
+    path: str
+    received_ns: int
+    """When it arrived (wall clock, nanoseconds since the epoch)."""
+    traceparent: str | None = None
+    """W3C Trace Context ``traceparent`` header, as sent."""
+    tracestate: str | None = None
+
+
+current_http: contextvars.ContextVar[HttpRequestInfo | None] = contextvars.ContextVar(
+    "mlxcore_http_request", default=None
+)
+"""The HTTP request being served (``None`` outside one)."""
 
 
 def request_id_for(given: str | None) -> str:
@@ -40,20 +63,32 @@ def _from_scope(scope: dict[str, Any]) -> str:
     found = scope.get(SCOPE_KEY)
     if isinstance(found, str):
         return found
-    given = None
-    for name, value in scope.get("headers") or ():
-        if name.lower() == HEADER.encode():
-            given = value.decode("latin-1")
-            break
-    rid = request_id_for(given)
+    rid = request_id_for(_header(scope, HEADER.encode()))
     scope[SCOPE_KEY] = rid
     return rid
+
+
+def _header(scope: dict[str, Any], name: bytes) -> str | None:
+    for key, value in scope.get("headers") or ():
+        if key.lower() == name:
+            return str(value.decode("latin-1"))
+    return None
 
 
 def assign(scope: dict[str, Any]) -> str:
     """Give the request its id and make it the current one (a ``before_request`` step)."""
     rid = _from_scope(scope)
     current_request_id.set(rid)
+    current_http.set(
+        HttpRequestInfo(
+            rid,
+            str(scope.get("method", "")),
+            str(scope.get("path", "")),
+            time.time_ns(),
+            _header(scope, b"traceparent"),
+            _header(scope, b"tracestate"),
+        )
+    )
     return rid
 
 

@@ -34,13 +34,14 @@ from mlxcore.engine.events import (
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.validation import RequestRejected
 from mlxcore.errors import MediaError, OptionError
+from mlxcore.lifecycle import RequestRecord
 from mlxcore.output import OutputDelta
 from mlxcore.request_builder import Generation
 from mlxcore.runtime import Runtime
 from mlxcore.server.errors import APIError, from_domain, overloaded
 from mlxcore.server.keys import charge_current, current_key, request_priority
 from mlxcore.server.metrics import Metrics
-from mlxcore.server.request_ids import current_request_id
+from mlxcore.server.request_ids import HttpRequestInfo, current_http, current_request_id
 
 T = TypeVar("T")
 
@@ -149,25 +150,30 @@ class GenerationService:
         admission: asyncio.Future[FinishEvent | None] = loop.create_future()
 
         first_token_at: list[float] = []
+        timeline = _Timeline(current_http.get())
+        model = self.adapter or (self.names[0] if self.names else "")
 
         def deliver(event: Event) -> None:
             # Accounted here, not by the consumer: a request whose client went away
             # (cancelled) still counts as finished.
             if isinstance(event, TokenEvent) and not first_token_at:
                 first_token_at.append(time.perf_counter())
+                timeline.first_token_ns = time.time_ns()
             if isinstance(event, FinishEvent):
                 self.metrics.record_finish(
                     event,
                     time.perf_counter() - gen.created_at,
                     ttft=first_token_at[0] - gen.created_at if first_token_at else None,
-                    model=self.adapter or (self.names[0] if self.names else ""),
+                    model=model,
                     request_id=gen.request.request_id,
                 )
+                self.runtime.hooks.request_finished(timeline.record(gen.request, model, event))
                 if not admission.done():
                     admission.set_result(event)
             events.put_nowait(event)
 
         def admitted() -> None:
+            timeline.admitted_ns = time.time_ns()
             if not admission.done():
                 admission.set_result(None)
 
@@ -274,6 +280,40 @@ class GenerationService:
         finally:
             if not finished:
                 handle.cancel()
+
+
+class _Timeline:
+    """A generation's steps as the service sees them (wall-clock ns), made into a
+    :class:`~mlxcore.lifecycle.RequestRecord` when it ends."""
+
+    def __init__(self, http: HttpRequestInfo | None) -> None:
+        self.http = http
+        self.submitted_ns = time.time_ns()
+        self.admitted_ns: int | None = None
+        self.first_token_ns: int | None = None
+
+    def record(self, request: GenerationRequest, model: str, event: FinishEvent) -> RequestRecord:
+        http = self.http
+        usage = event.usage
+        return RequestRecord(
+            request_id=request.request_id,
+            http_request_id=http.request_id if http else request.trace_id,
+            method=http.method if http else "",
+            path=http.path if http else "",
+            traceparent=http.traceparent if http else None,
+            tracestate=http.tracestate if http else None,
+            model=model,
+            received_ns=http.received_ns if http else self.submitted_ns,
+            submitted_ns=self.submitted_ns,
+            admitted_ns=self.admitted_ns,
+            first_token_ns=self.first_token_ns,
+            finished_ns=time.time_ns(),
+            finish_reason=event.reason,
+            prompt_tokens=usage.prompt_tokens,
+            cached_tokens=usage.cached_tokens,
+            completion_tokens=usage.completion_tokens,
+            extra=dict(usage.extra),
+        )
 
 
 def _log_finished(gen: Generation, event: FinishEvent) -> None:
