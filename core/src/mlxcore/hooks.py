@@ -186,3 +186,8 @@ class PluginHooks:
             self._call("mlxcore_request_finished", record=record)
         except Exception:
             log.exception("a plugin failed observing request %s", record.request_id)
+
+    def server_lifespans(self, app: Any) -> list[Any]:
+        """The async context managers plugins run for the server's lifetime."""
+        answers = self._call("mlxcore_server_lifespan", app=app)
+        return [cm for _, cm in answers.results if cm is not None]

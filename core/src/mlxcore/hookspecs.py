@@ -391,3 +391,21 @@ def mlxcore_request_finished(record: RequestRecord) -> None:
         def mlxcore_request_finished(record):
             queue.put((record.http_request_id, record.finished_ns - record.received_ns))
     """
+
+
+@hookspec
+def mlxcore_server_lifespan(app: Any) -> Any:
+    """Run something for as long as the server serves: return an async context manager
+    (or ``None``), entered once the models have started and exited before they stop.
+
+    When: once, at server start-up, with the Litestar app (``app.state.router`` holds the
+    models). A background worker (a batch runner, a cache warmer) starts on entry and
+    stops on exit. To call the server's own routes in process, use
+    :func:`mlxcore.server.internal.internal_client`.
+
+    Example::
+
+        @hookimpl
+        def mlxcore_server_lifespan(app):
+            return my_worker(app)  # an @asynccontextmanager
+    """

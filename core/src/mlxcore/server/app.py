@@ -10,6 +10,7 @@ such as a 405, on its paths).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import threading
@@ -29,6 +30,7 @@ from mlxcore.hooks import PluginHooks
 from mlxcore.routes import BROWSER_HOME_OPTION, PUBLIC_OPTION, RouteTable, http_routes
 from mlxcore.server import request_ids
 from mlxcore.server.errors import APIError, api_error_handler
+from mlxcore.server.internal import is_internal, new_token
 from mlxcore.server.keys import KeyCollector, KeyTable, current_key, retry_after
 from mlxcore.server.metrics import Metrics
 from mlxcore.server.model_routes import model_routes
@@ -246,13 +248,16 @@ async def _exit_when_engine_fails(app: Litestar, router: ModelRouter) -> None:
 
 def _before_request(keys: KeyTable) -> Any:
     """Each request's id (:mod:`mlxcore.server.request_ids`), then authentication and
-    per-key limits (:mod:`mlxcore.server.keys`)."""
+    per-key limits (:mod:`mlxcore.server.keys`); the server's own in-process requests
+    (:mod:`mlxcore.server.internal`) pass."""
 
     async def check(request: Request[Any, Any, Any]) -> None:
         request_ids.assign(request.scope)  # type: ignore[arg-type]
         if not keys:
             return
         if request.url.path in OPEN_PATHS or request.route_handler.opt.get(PUBLIC_OPTION):
+            return
+        if is_internal(request.headers, request.app.state.internal_token):
             return
         header = request.headers.get("authorization", "")
         token = header[7:].strip() if header.lower().startswith("bearer ") else ""
@@ -358,7 +363,10 @@ def create_app(
         ]
         watch = asyncio.ensure_future(_exit_when_engine_fails(app, router))
         try:
-            yield
+            async with contextlib.AsyncExitStack() as plugins:
+                for lifespan_ in hooks.server_lifespans(app):
+                    await plugins.enter_async_context(lifespan_)
+                yield
         finally:
             for task in [*warm, watch]:
                 task.cancel()
@@ -385,6 +393,7 @@ def create_app(
     app.state.router = router
     app.state.config = config
     app.state.browser_home = browser_home(routes)
+    app.state.internal_token = new_token()
     app.state.metrics = router.metrics
     return app
 

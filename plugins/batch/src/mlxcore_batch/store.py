@@ -1,0 +1,163 @@
+"""Files and batches on disk: a folder of files and one SQLite database for their state.
+
+Uploaded files and the output and error files a batch writes live under
+``--batch-dir``/files/; their records and the batches' state live in
+``--batch-dir``/batches.sqlite3, so a restart finds every batch where it stopped.
+Thread-safe (one connection, one lock); every change is committed at once.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS files (
+    id TEXT PRIMARY KEY, filename TEXT NOT NULL, purpose TEXT NOT NULL,
+    bytes INTEGER NOT NULL, created_at INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS batches (
+    id TEXT PRIMARY KEY, body TEXT NOT NULL, created_at INTEGER NOT NULL
+);
+"""
+
+ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
+"""States of a batch the runner still has work for."""
+
+
+def new_id(prefix: str) -> str:
+    """An OpenAI-style id (``file-...``, ``batch_...``)."""
+    return f"{prefix}{secrets.token_hex(12)}"
+
+
+class Store:
+    """The files and batches of one ``--batch-dir``."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.files_dir = folder / "files"
+        self.files_dir.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(folder / "batches.sqlite3", check_same_thread=False)
+        self._db.executescript(SCHEMA)
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        """Close the database."""
+        with self._lock:
+            self._db.close()
+
+    # -- files ---------------------------------------------------------------------
+
+    def path(self, file_id: str) -> Path:
+        """Where a file's content is (it may not exist yet)."""
+        return self.files_dir / file_id
+
+    def add_file(self, file_id: str, filename: str, purpose: str) -> dict[str, Any]:
+        """Record a file whose content is already at :meth:`path`."""
+        size = self.path(file_id).stat().st_size
+        created = int(time.time())
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO files VALUES (?, ?, ?, ?, ?)",
+                (file_id, filename, purpose, size, created),
+            )
+            self._db.commit()
+        return file_object(file_id, filename, purpose, size, created)
+
+    def file(self, file_id: str) -> dict[str, Any] | None:
+        """A file's object, or None."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT id, filename, purpose, bytes, created_at FROM files WHERE id = ?",
+                (file_id,),
+            ).fetchone()
+        return file_object(*row) if row else None
+
+    def files(self, purpose: str | None, limit: int, after: str | None) -> list[dict[str, Any]]:
+        """Files, newest first (``after``: the id to continue after)."""
+        query = "SELECT id, filename, purpose, bytes, created_at FROM files"
+        where, args = [], []
+        if purpose:
+            where.append("purpose = ?")
+            args.append(purpose)
+        if after:
+            where.append("rowid < (SELECT rowid FROM files WHERE id = ?)")
+            args.append(after)
+        if where:
+            query += " WHERE " + " AND ".join(where)
+        query += " ORDER BY rowid DESC LIMIT ?"
+        with self._lock:
+            rows = self._db.execute(query, (*args, limit)).fetchall()
+        return [file_object(*row) for row in rows]
+
+    def delete_file(self, file_id: str) -> bool:
+        """Forget a file and remove its content; False when there was none."""
+        with self._lock:
+            gone = self._db.execute("DELETE FROM files WHERE id = ?", (file_id,)).rowcount
+            self._db.commit()
+        self.path(file_id).unlink(missing_ok=True)
+        return bool(gone)
+
+    # -- batches -------------------------------------------------------------------
+
+    def add_batch(self, batch: dict[str, Any]) -> None:
+        """Record a new batch (its OpenAI object)."""
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO batches VALUES (?, ?, ?)",
+                (batch["id"], json.dumps(batch), batch["created_at"]),
+            )
+            self._db.commit()
+
+    def batch(self, batch_id: str) -> dict[str, Any] | None:
+        """A batch's object, or None."""
+        with self._lock:
+            row = self._db.execute("SELECT body FROM batches WHERE id = ?", (batch_id,)).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def save(self, batch: dict[str, Any]) -> None:
+        """Write a batch's object back."""
+        with self._lock:
+            self._db.execute(
+                "UPDATE batches SET body = ? WHERE id = ?", (json.dumps(batch), batch["id"])
+            )
+            self._db.commit()
+
+    def batches(self, limit: int, after: str | None) -> list[dict[str, Any]]:
+        """Batches, newest first."""
+        query, args = "SELECT body FROM batches", []
+        if after:
+            query += " WHERE rowid < (SELECT rowid FROM batches WHERE id = ?)"
+            args.append(after)
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY rowid DESC LIMIT ?", (*args, limit))
+            return [json.loads(r[0]) for r in rows.fetchall()]
+
+    def active(self) -> list[dict[str, Any]]:
+        """Batches with work left, oldest first."""
+        with self._lock:
+            rows = self._db.execute("SELECT body FROM batches ORDER BY rowid").fetchall()
+        found = [json.loads(r[0]) for r in rows]
+        return [b for b in found if b["status"] in ACTIVE]
+
+
+def file_object(
+    file_id: str, filename: str, purpose: str, size: int, created: int
+) -> dict[str, Any]:
+    """OpenAI's file object."""
+    return {
+        "id": file_id,
+        "object": "file",
+        "bytes": size,
+        "created_at": created,
+        "filename": filename,
+        "purpose": purpose,
+        "status": "processed",
+        "expires_at": None,
+        "status_details": None,
+    }

@@ -1,0 +1,227 @@
+"""OpenAI's Files and Batch APIs through the official openai client against a real server:
+a batch's outputs equal direct greedy requests, every endpoint kind and a failing line,
+invalid input files, cancelling, and ``kill -9`` mid-batch then a restart on the same
+folder: the batch completes with every ``custom_id`` exactly once."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from mlxcore.testing.server import Server, ServerFactory
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def start(factory: ServerFactory, model: Path, folder: Path, *flags: str) -> Server:
+    return factory(
+        model,
+        "--served-model-name",
+        "tiny",
+        "--plugin",
+        "batch",
+        "--batch-dir",
+        str(folder),
+        *flags,
+    )
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("batches")
+
+
+@pytest.fixture(scope="module")
+def server(mlxcore_server: ServerFactory, tiny_qwen3: Path, folder: Path) -> Server:
+    return start(mlxcore_server, tiny_qwen3, folder)
+
+
+def client_of(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.v1, api_key="unused", max_retries=0, timeout=60)
+
+
+def chat_line(i: int, tokens: int = 8) -> dict[str, Any]:
+    return {
+        "custom_id": f"req-{i}",
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": f"Tell me about number {i}"}],
+            "max_tokens": tokens,
+            "temperature": 0,
+        },
+    }
+
+
+def upload(client: openai.OpenAI, lines: list[dict[str, Any]]) -> str:
+    data = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    return client.files.create(file=("input.jsonl", io.BytesIO(data)), purpose="batch").id
+
+
+def wait(client: openai.OpenAI, batch_id: str, seconds: float = 300) -> Any:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        batch = client.batches.retrieve(batch_id)
+        if batch.status in ("completed", "failed", "cancelled", "expired"):
+            return batch
+        time.sleep(0.2)
+    raise AssertionError(f"batch {batch_id} still {batch.status}: {batch.request_counts}")
+
+
+def results(client: openai.OpenAI, file_id: str | None) -> list[dict[str, Any]]:
+    if file_id is None:
+        return []
+    return [json.loads(line) for line in client.files.content(file_id).text.splitlines()]
+
+
+def test_a_batch_of_chats_equals_direct_greedy_requests(server: Server) -> None:
+    client = client_of(server)
+    count = 1000
+    lines = [chat_line(i) for i in range(count)]
+    batch = client.batches.create(
+        input_file_id=upload(client, lines),
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        metadata={"run": "test"},
+    )
+    assert batch.status == "validating" and batch.metadata == {"run": "test"}
+    done = wait(client, batch.id)
+    assert done.status == "completed", done
+    assert (done.request_counts.total, done.request_counts.completed) == (count, count)
+    assert done.request_counts.failed == 0 and done.error_file_id is None
+    out = results(client, done.output_file_id)
+    assert sorted(r["custom_id"] for r in out) == sorted(line["custom_id"] for line in lines)
+    by_id = {r["custom_id"]: r["response"] for r in out}
+    for i in range(0, count, max(1, count // 10)):  # what the same request gives directly
+        direct = client.chat.completions.create(**lines[i]["body"])
+        answer = by_id[f"req-{i}"]
+        assert answer["status_code"] == 200 and answer["request_id"]
+        assert (
+            answer["body"]["choices"][0]["message"]["content"] == direct.choices[0].message.content
+        )
+
+
+def test_every_endpoint_and_a_failing_line(server: Server) -> None:
+    client = client_of(server)
+    for url, body in [
+        ("/v1/completions", {"model": "tiny", "prompt": "Once", "max_tokens": 4}),
+        ("/v1/embeddings", {"model": "tiny", "input": ["a", "b"]}),
+        ("/v1/responses", {"model": "tiny", "input": "hi", "max_output_tokens": 4}),
+    ]:
+        lines = [
+            {"custom_id": f"{url}-{i}", "method": "POST", "url": url, "body": body}
+            for i in range(3)
+        ]
+        lines.append({**lines[0], "custom_id": "bad", "body": {**body, "model": "nope"}})
+        done = wait(
+            client,
+            client.batches.create(
+                input_file_id=upload(client, lines), endpoint=url, completion_window="24h"
+            ).id,  # type: ignore[arg-type]
+        )
+        assert done.status == "completed", (url, done)
+        assert (done.request_counts.completed, done.request_counts.failed) == (3, 1), url
+        ok = results(client, done.output_file_id)
+        assert {r["custom_id"] for r in ok} == {f"{url}-{i}" for i in range(3)}
+        assert all(r["response"]["status_code"] == 200 for r in ok)
+        (bad,) = results(client, done.error_file_id)
+        assert bad["custom_id"] == "bad" and bad["response"]["status_code"] == 404
+        assert bad["response"]["body"]["error"]["code"] == "model_not_found"
+        if url == "/v1/embeddings":
+            assert len(ok[0]["response"]["body"]["data"]) == 2
+
+
+def test_invalid_input_files_fail_the_batch(server: Server) -> None:
+    client = client_of(server)
+    lines = [chat_line(0), chat_line(0), {**chat_line(2), "url": "/v1/embeddings"}]
+    data = "".join(json.dumps(line) + "\n" for line in lines) + "not json\n"
+    file_id = client.files.create(file=("bad.jsonl", data.encode()), purpose="batch").id
+    done = wait(
+        client,
+        client.batches.create(
+            input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+        ).id,
+    )
+    assert done.status == "failed"
+    codes = [(e.line, e.code) for e in done.errors.data]
+    assert codes == [(2, "duplicate_custom_id"), (3, "invalid_url"), (4, "invalid_json_line")]
+    with pytest.raises(openai.NotFoundError):
+        client.batches.create(
+            input_file_id="file-nope", endpoint="/v1/chat/completions", completion_window="24h"
+        )
+    with pytest.raises(openai.BadRequestError):
+        client.batches.create(
+            input_file_id=file_id,
+            endpoint="/v1/nowhere",
+            completion_window="24h",  # type: ignore[arg-type]
+        )
+
+
+def test_files_routes(server: Server) -> None:
+    client = client_of(server)
+    file_id = upload(client, [chat_line(1)])
+    got = client.files.retrieve(file_id)
+    assert got.purpose == "batch" and got.bytes > 0 and got.filename == "input.jsonl"
+    assert file_id in [f.id for f in client.files.list(purpose="batch")]
+    assert json.loads(client.files.content(file_id).text) == chat_line(1)
+    assert client.files.delete(file_id).deleted is True
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(file_id)
+    with pytest.raises(openai.BadRequestError):
+        client.files.create(file=("x.jsonl", b"{}\n"), purpose="fine-tune")
+
+
+def test_cancel_stops_new_lines(
+    mlxcore_server: ServerFactory, tiny_qwen3: Path, tmp_path: Path
+) -> None:
+    server = start(mlxcore_server, tiny_qwen3, tmp_path, "--batch-concurrency", "2")
+    client = client_of(server)
+    lines = [chat_line(i, tokens=64) for i in range(100)]
+    batch = client.batches.create(
+        input_file_id=upload(client, lines),
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+    )
+    while client.batches.retrieve(batch.id).request_counts.completed < 2:
+        time.sleep(0.1)
+    assert client.batches.cancel(batch.id).status == "cancelling"
+    done = wait(client, batch.id)
+    assert done.status == "cancelled" and done.cancelled_at
+    out = results(client, done.output_file_id)
+    assert 2 <= len(out) < 100 and done.request_counts.completed == len(out)
+    with pytest.raises(openai.ConflictError):
+        client.batches.cancel(batch.id)
+
+
+def test_kill_9_mid_batch_then_restart_completes_each_line_once(
+    mlxcore_server: ServerFactory, tiny_qwen3: Path, tmp_path: Path
+) -> None:
+    first = start(mlxcore_server, tiny_qwen3, tmp_path, "--batch-concurrency", "4")
+    client = client_of(first)
+    count = 120
+    batch = client.batches.create(
+        input_file_id=upload(client, [chat_line(i, tokens=24) for i in range(count)]),
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+    )
+    deadline = time.monotonic() + 120
+    while client.batches.retrieve(batch.id).request_counts.completed < 20:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    first.proc.kill()  # SIGKILL: no clean-up of any kind
+    first.proc.wait(timeout=30)
+    second = start(mlxcore_server, tiny_qwen3, tmp_path, "--batch-concurrency", "4")
+    client = client_of(second)
+    done = wait(client, batch.id)
+    assert done.status == "completed"
+    out = results(client, done.output_file_id)
+    ids = [r["custom_id"] for r in out]
+    assert len(ids) == count and sorted(ids) == sorted(f"req-{i}" for i in range(count))
+    assert done.request_counts.completed == count and done.request_counts.failed == 0
