@@ -225,3 +225,101 @@ def test_kill_9_mid_batch_then_restart_completes_each_line_once(
     ids = [r["custom_id"] for r in out]
     assert len(ids) == count and sorted(ids) == sorted(f"req-{i}" for i in range(count))
     assert done.request_counts.completed == count and done.request_counts.failed == 0
+
+
+def test_bad_input_gets_clear_errors(server: Server) -> None:
+    import httpx
+
+    base = server.v1
+    cases: list[tuple[str, str, dict[str, Any], int, str | None]] = [
+        ("POST", "/files", {"json": {"purpose": "batch"}}, 415, None),
+        (
+            "POST",
+            "/files",
+            {"data": {"purpose": "batch"}, "files": {"x": ("a", b"1")}},
+            400,
+            "file",
+        ),
+        (
+            "POST",
+            "/files",
+            {"data": {"purpose": "nope"}, "files": {"file": ("a", b"1")}},
+            400,
+            "purpose",
+        ),
+        (
+            "POST",
+            "/batches",
+            {"content": b"{", "headers": {"content-type": "application/json"}},
+            400,
+            None,
+        ),
+        (
+            "POST",
+            "/batches",
+            {"content": b"x", "headers": {"content-type": "text/plain"}},
+            415,
+            None,
+        ),
+        ("POST", "/batches", {"json": {"endpoint": "/v1/completions"}}, 400, "input_file_id"),
+        (
+            "POST",
+            "/batches",
+            {"json": {"input_file_id": "f", "endpoint": "/v1/nope"}},
+            400,
+            "endpoint",
+        ),
+        (
+            "POST",
+            "/batches",
+            {
+                "json": {
+                    "input_file_id": "f",
+                    "endpoint": "/v1/completions",
+                    "completion_window": "1h",
+                }
+            },
+            400,
+            "completion_window",
+        ),
+        (
+            "POST",
+            "/batches",
+            {"json": {"input_file_id": "f", "endpoint": "/v1/completions", "extra": 1}},
+            400,
+            None,
+        ),
+        ("GET", "/files?limit=0", {}, 400, "limit"),
+        ("GET", "/batches?limit=abc", {}, 400, "limit"),
+        ("GET", "/batches/batch_nope", {}, 404, "batch_id"),
+        ("POST", "/batches/batch_nope/cancel", {}, 404, "batch_id"),
+        ("GET", "/files/file-nope/content", {}, 404, "file_id"),
+        ("DELETE", "/files/file-nope", {}, 404, "file_id"),
+    ]
+    for method, path, kwargs, status, param in cases:
+        answer = httpx.request(method, base + path, timeout=30, **kwargs)
+        assert answer.status_code == status, (path, kwargs, answer.text)
+        error = answer.json()["error"]
+        assert error["message"], path
+        if param is not None:
+            assert error["param"] == param, (path, error)
+    assert server.alive()
+
+
+def test_many_uploads_and_batches_at_once(server: Server) -> None:
+    import concurrent.futures
+
+    client = client_of(server)
+
+    def one(i: int) -> str:
+        file_id = upload(client, [chat_line(i, tokens=2)])
+        return client.batches.create(
+            input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+        ).id
+
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        ids = list(pool.map(one, range(64)))
+    assert len(set(ids)) == 64
+    for batch_id in ids:
+        done = wait(client, batch_id)
+        assert done.status == "completed" and done.request_counts.completed == 1
