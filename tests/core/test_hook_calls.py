@@ -19,6 +19,7 @@ from mlxcore.engine.request import GenerationRequest, SamplingParams
 from mlxcore.errors import OptionError, PluginError
 from mlxcore.hookcalls import WRAPPER_NAME
 from mlxcore.hooks import PluginHooks
+from mlxcore.lifecycle import RequestRecord
 from mlxcore.parsers.base import ParsedDelta, ToolParser
 from mlxcore.plugins import PluginSelection, create_plugin_manager, load_plugins
 from mlxcore.runtime import build_runtime
@@ -108,6 +109,39 @@ def test_firstresult_is_on_the_spec() -> None:
     }
 
 
+def finished_record() -> RequestRecord:
+    return RequestRecord(
+        request_id="r", http_request_id="h", method="POST", path="/v1/completions",
+        traceparent=None, tracestate=None, model="m", received_ns=1, submitted_ns=2,
+        admitted_ns=3, first_token_ns=4, finished_ns=5, finish_reason="stop",
+        prompt_tokens=1, cached_tokens=0, completion_tokens=1,
+    )  # fmt: skip
+
+
+def test_a_failing_request_observer_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+    """``mlxcore_request_finished`` runs after the request is over: an observer's error is
+    logged and never raised to the service (so never to the client)."""
+    pm = create_plugin_manager()
+    seen: list[str] = []
+
+    class Broken:
+        @hookimpl
+        def mlxcore_request_finished(self, record: RequestRecord) -> None:
+            raise RuntimeError("observer bug")
+
+    class Counting:
+        @hookimpl(tryfirst=True)
+        def mlxcore_request_finished(self, record: RequestRecord) -> None:
+            seen.append(record.request_id)
+
+    pm.register(Broken(), name="broken")
+    pm.register(Counting(), name="counting")
+    with caplog.at_level("ERROR"):
+        PluginHooks(pm).request_finished(finished_record())
+    assert seen == ["r"]
+    assert "failed observing request r" in caplog.text
+
+
 def test_trace_sees_every_hook_call(tiny_llama: Path) -> None:
     """Start-up, model load, engine strategies and a request: pluggy's tracing sees each
     hook mlxcore declares (none is called behind pluggy's back)."""
@@ -142,6 +176,8 @@ def test_trace_sees_every_hook_call(tiny_llama: Path) -> None:
             )
             hooks.validate_options({}, config)
             hooks.request_options()  # body fields the plugins read
+            hooks.request_finished(finished_record())  # observers of finished requests
+            hooks.server_lifespans(object())  # background work for the server's lifetime
             runtime.engine.submit(request, result.sink)  # strategies, processors
             assert result.done.wait(60)
             assert result.finish is not None and result.finish.reason in ("stop", "length")

@@ -1,7 +1,9 @@
 """OpenAI's Files and Batch APIs through the official openai client against a real server:
 a batch's outputs equal direct greedy requests, every endpoint kind and a failing line,
 invalid input files, cancelling, and ``kill -9`` mid-batch then a restart on the same
-folder: the batch completes with every ``custom_id`` exactly once."""
+folder: the batch completes with every ``custom_id`` exactly once. The runner runs
+through the core's ``mlxcore_server_lifespan`` hook (started and stopped with the
+server)."""
 
 from __future__ import annotations
 

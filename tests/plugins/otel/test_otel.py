@@ -1,6 +1,7 @@
 """The otel plugin: a finished request's record as spans (the SDK's in-memory exporter),
 and traces from a real server to a real OTLP/HTTP receiver, under the caller's
-``traceparent``, one trace per request, timings consistent with the usage."""
+``traceparent``, one trace per request, timings consistent with the usage (the records
+come from the core's ``mlxcore_request_finished`` hook)."""
 
 from __future__ import annotations
 
