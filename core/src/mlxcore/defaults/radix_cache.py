@@ -22,7 +22,6 @@ entries in :class:`~mlxcore.defaults.prefix_cache.LRUPrefixCache` instead
 
 from __future__ import annotations
 
-import collections
 import logging
 import math
 from collections.abc import Sequence
@@ -32,11 +31,10 @@ import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxcore.defaults.prefix_cache import (
-    EVICTED_MEMORY_TOKENS,
     UNBOUNDED_BYTES,
+    EvictionMemory,
     LookupCounter,
     LRUPrefixCache,
-    closest_of,
     parse_cache_size,
 )
 from mlxcore.engine.cache_explain import CacheExplanation, explain_lookup
@@ -105,7 +103,7 @@ class RadixPrefixCache(CacheStrategy):
             max_bytes = 0
         self.max_bytes = max_bytes or 0
         self.max_nodes = MAX_NODES
-        self.evicted: collections.deque[np.ndarray] = collections.deque()
+        self.evicted = EvictionMemory()
         self.tree = PrefixTree(
             split_segment,
             needs_snapshots=self.layout.recurrent,
@@ -162,7 +160,7 @@ class RadixPrefixCache(CacheStrategy):
         return self.tree.match(np.asarray(tokens, dtype=np.int64)).shared
 
     def _explain(self, prompt: np.ndarray, cached: int, match: PathMatch) -> CacheExplanation:
-        evicted, evicted_shared = closest_of(self.evicted, prompt)
+        evicted, evicted_shared = self.evicted.closest(prompt)
         return explain_lookup(
             len(prompt),
             cached,
@@ -176,9 +174,7 @@ class RadixPrefixCache(CacheStrategy):
 
     def _remember(self, leaf: Node) -> None:
         """Note an evicted leaf's tokens (to tell an eviction from a plain miss)."""
-        self.evicted.append(leaf.path_tokens())
-        while sum(t.shape[0] for t in self.evicted) > EVICTED_MEMORY_TOKENS:
-            self.evicted.popleft()
+        self.evicted.add(leaf.path_tokens())
 
     # -- snapshots -------------------------------------------------------------------
 
