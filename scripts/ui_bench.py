@@ -23,17 +23,8 @@ from typing import Any
 import httpx
 
 from mlxcore.testing.server import ServerPool
+from mlxcore_ui.browser import CHROMIUM_ARGS, chromium_path
 from mlxcore_ui.routes import assets
-
-ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 
 def weight() -> dict[str, int]:
@@ -104,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=48)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--chromium", default="/usr/bin/chromium")
+    parser.add_argument("--chromium", default=chromium_path())
     args = parser.parse_args(argv)
     from playwright.sync_api import sync_playwright
 
@@ -117,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         base = server.base_url
         load(base, args.concurrency, args.concurrency, 8)  # warm-up
         with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=args.chromium, args=ARGS)
+            browser = playwright.chromium.launch(executable_path=args.chromium, args=CHROMIUM_ARGS)
             report["render"] = first_render(browser, base, 5)
             rows = []
             for r in range(args.rounds):

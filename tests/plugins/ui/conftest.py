@@ -10,7 +10,6 @@ at docs/images), else to the test's temporary folder.
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,28 +17,10 @@ from typing import Any
 import pytest
 
 from mlxcore.testing.server import Server, ServerFactory
+from mlxcore_ui.browser import CHROMIUM_ARGS, chromium_path
 
 API_KEY = "ui-test-key"
 """The key ``ui_server`` asks for (the tests spell it out too)."""
-
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-"""Headless in a container as root, and no connections to the (closed) outside network."""
-
-
-def chromium_path() -> str | None:
-    """Debian's Chromium (``MLXCORE_CHROMIUM`` overrides), or None."""
-    for candidate in (os.environ.get("MLXCORE_CHROMIUM"), "chromium", "chromium-browser"):
-        if candidate and (found := shutil.which(candidate)):
-            return found
-    return None
 
 
 @pytest.fixture(scope="module")
