@@ -24,11 +24,6 @@ HEADER = "x-request-id"
 SCOPE_KEY = "mlxcore_request_id"
 _VALID = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 
-current_request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "mlxcore_request_id", default=None
-)
-"""The id of the HTTP request being served (``None`` outside one)."""
-
 
 @attrs.frozen
 class HttpRequestInfo:
@@ -78,7 +73,6 @@ def _header(scope: dict[str, Any], name: bytes) -> str | None:
 def assign(scope: dict[str, Any]) -> str:
     """Give the request its id and make it the current one (a ``before_request`` step)."""
     rid = _from_scope(scope)
-    current_request_id.set(rid)
     current_http.set(
         HttpRequestInfo(
             rid,
@@ -106,7 +100,8 @@ class RequestIdFilter(logging.Filter):
     ``extra``) and ``request_tag`` (`` [id]`` or empty, for the text format) to records."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        rid = getattr(record, "request_id", None) or current_request_id.get()
+        http = current_http.get()
+        rid = getattr(record, "request_id", None) or (http.request_id if http else None)
         record.request_id = rid
         record.request_tag = f" [{rid}]" if rid else ""
         return True

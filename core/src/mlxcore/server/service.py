@@ -41,7 +41,7 @@ from mlxcore.runtime import Runtime
 from mlxcore.server.errors import APIError, from_domain, overloaded
 from mlxcore.server.keys import charge_current, current_key, request_priority
 from mlxcore.server.metrics import Metrics
-from mlxcore.server.request_ids import HttpRequestInfo, current_http, current_request_id
+from mlxcore.server.request_ids import HttpRequestInfo, current_http
 
 T = TypeVar("T")
 
@@ -149,21 +149,21 @@ class GenerationService:
         events: asyncio.Queue[Event] = asyncio.Queue()
         admission: asyncio.Future[FinishEvent | None] = loop.create_future()
 
-        first_token_at: list[float] = []
         timeline = _Timeline(current_http.get())
         model = self.adapter or (self.names[0] if self.names else "")
 
         def deliver(event: Event) -> None:
             # Accounted here, not by the consumer: a request whose client went away
             # (cancelled) still counts as finished.
-            if isinstance(event, TokenEvent) and not first_token_at:
-                first_token_at.append(time.perf_counter())
+            if isinstance(event, TokenEvent) and timeline.first_token_at is None:
+                timeline.first_token_at = time.perf_counter()
                 timeline.first_token_ns = time.time_ns()
             if isinstance(event, FinishEvent):
+                first = timeline.first_token_at
                 self.metrics.record_finish(
                     event,
                     time.perf_counter() - gen.created_at,
-                    ttft=first_token_at[0] - gen.created_at if first_token_at else None,
+                    ttft=None if first is None else first - gen.created_at,
                     model=model,
                     request_id=gen.request.request_id,
                 )
@@ -186,7 +186,8 @@ class GenerationService:
         if self.adapter is not None:
             gen.request = self._adapted(gen.request)
         priority = request_priority(gen.request.priority, current_key.get())
-        trace_id = current_request_id.get() or ""
+        http = current_http.get()
+        trace_id = http.request_id if http is not None else ""
         if priority != gen.request.priority or trace_id != gen.request.trace_id:
             gen.request = attrs.evolve(gen.request, priority=priority, trace_id=trace_id)
         try:
@@ -291,6 +292,8 @@ class _Timeline:
         self.submitted_ns = time.time_ns()
         self.admitted_ns: int | None = None
         self.first_token_ns: int | None = None
+        self.first_token_at: float | None = None
+        """The first token's ``time.perf_counter()`` (for the TTFT metric)."""
 
     def record(self, request: GenerationRequest, model: str, event: FinishEvent) -> RequestRecord:
         http = self.http
