@@ -25,7 +25,7 @@ from mlxcore.server.openapi import (
     obj,
     reply,
 )
-from mlxcore_batch.runner import ENDPOINTS, Runner
+from mlxcore_batch.runner import Runner
 from mlxcore_batch.store import Store, new_id
 
 PURPOSES = ("batch", "user_data")
@@ -228,7 +228,6 @@ async def create_batch(request: Request[Any, Any, Any]) -> dict[str, Any]:
         )
     if source["purpose"] != "batch":
         raise APIError(400, "the input file's purpose must be batch", param="input_file_id")
-    assert body.endpoint in ENDPOINTS
     now = int(time.time())
     batch: dict[str, Any] = {
         "id": new_id("batch_"),

@@ -29,7 +29,6 @@ log = logging.getLogger("mlxcore.plugins.batch")
 BATCH_PRIORITY = 1_000_000
 """Batch lines' request priority: after every interactive request (which default to 0)."""
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
 MAX_ERRORS = 100
 """Most line errors a failed validation lists."""
 
