@@ -7,6 +7,8 @@ Each case builds logits, computes the distribution mlx-lm's own sampler defines
 rank under the exact distribution. Tokens outside the kept set must never appear. The
 cases include settings where the first proposal is often rejected and where all
 :data:`DRAWS` proposals are, so the settle and exact paths are part of what is tested.
+Every case runs twice: with proposals (the CPU's way) and settle-free (a GPU's way:
+:func:`sample_rows_at_once`, top-p by the sorted cut, nothing left to settle).
 """
 
 from __future__ import annotations
@@ -18,7 +20,13 @@ import pytest
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 
 from mlxcore.engine.request import SamplingParams
-from mlxcore.engine.row_sampling import CHUNK, BatchDraws, settle
+from mlxcore.engine.row_sampling import (
+    CHUNK,
+    SETTLE_FREE_ENV,
+    BatchDraws,
+    settle,
+    settle_free_default,
+)
 from mlxcore.engine.sampling import RandomSampler
 
 ROWS = 512
@@ -56,7 +64,7 @@ def mlx_lm_probs(logits: mx.array, p: SamplingParams) -> mx.array:
 
 
 def draw_many(
-    logits: mx.array, params: SamplingParams, steps: int = STEPS
+    logits: mx.array, params: SamplingParams, steps: int = STEPS, settle_free: bool = False
 ) -> tuple[list[int], int]:
     """ROWS x STEPS tokens for ``logits`` (V,), every row its own seed; also how many
     rows settle had to finish."""
@@ -67,7 +75,7 @@ def draw_many(
     out: list[int] = []
     finished = 0
     for _ in range(steps):
-        tokens, flagged = settle(draws.draw(batch))
+        tokens, flagged = settle(draws.draw(batch, settle_free=settle_free))
         finished += flagged
         out += tokens.tolist()
     return out, finished
@@ -125,22 +133,29 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("settle_free", [False, True], ids=["proposals", "settle-free"])
 @pytest.mark.parametrize(("shape", "params"), CASES)
-def test_draws_follow_mlx_lm_distribution(shape: str, params: SamplingParams) -> None:
+def test_draws_follow_mlx_lm_distribution(
+    shape: str, params: SamplingParams, settle_free: bool
+) -> None:
     vocab = 3 * CHUNK + 77 if shape == "peaked" else 8 * CHUNK + 5
     maker = peaked_logits if shape == "peaked" else flat_logits
     logits = maker(vocab, seed=11)
     probs = mlx_lm_probs(logits, params)
     # the exact path's case finishes most rows one by one after the step: fewer draws
-    tokens, finished = draw_many(logits, params, STEPS if params.top_p > 0.3 else 12)
+    steps = STEPS if params.top_p > 0.3 or settle_free else 12
+    tokens, finished = draw_many(logits, params, steps, settle_free=settle_free)
     stat, dof, outside = chi_square(tokens, probs)
     assert outside == 0, f"{outside} draws outside the kept set"
     assert stat < chi2_999(dof), (stat, dof)
-    if 0 < params.top_p <= 0.5:
+    if settle_free:
+        assert finished == 0  # nothing was left for settle
+    elif 0 < params.top_p <= 0.5:
         assert finished > 0  # the settle path ran and is part of the result
 
 
-def test_a_row_draws_the_same_tokens_alone_and_in_a_batch() -> None:
+@pytest.mark.parametrize("settle_free", [False, True], ids=["proposals", "settle-free"])
+def test_a_row_draws_the_same_tokens_alone_and_in_a_batch(settle_free: bool) -> None:
     logits = peaked_logits(2 * CHUNK + 9, seed=3)
     mine = SamplingParams(temperature=0.9, top_p=0.8, seed=42)
     others = [
@@ -152,7 +167,10 @@ def test_a_row_draws_the_same_tokens_alone_and_in_a_batch() -> None:
         draws.join([(p, RandomSampler(p) if p else None) for p in rows])
         batch = mx.broadcast_to(logits[None], (len(rows), logits.shape[0]))
         index = rows.index(mine)
-        return [int(settle(draws.draw(batch))[0][index].item()) for _ in range(steps)]
+        return [
+            int(settle(draws.draw(batch, settle_free=settle_free))[0][index].item())
+            for _ in range(steps)
+        ]
 
     alone = run([mine])
     assert run([*others, mine, None]) == alone
@@ -160,12 +178,15 @@ def test_a_row_draws_the_same_tokens_alone_and_in_a_batch() -> None:
     assert len(set(alone)) > 1  # it samples
 
 
-def test_greedy_rows_in_a_sampled_batch_take_the_normalised_argmax() -> None:
+@pytest.mark.parametrize("settle_free", [False, True], ids=["proposals", "settle-free"])
+def test_greedy_rows_in_a_sampled_batch_take_the_normalised_argmax(settle_free: bool) -> None:
     logits = mx.stack([peaked_logits(CHUNK + 1, seed=s) for s in range(4)])
     rows: list[SamplingParams | None] = [None, SamplingParams(temperature=1.0, seed=1), None, None]
     draws = BatchDraws()
     draws.join([(p, RandomSampler(p) if p else None) for p in rows])
-    tokens: list[int] = settle(draws.draw(logits))[0].tolist()  # type: ignore[assignment]
+    draw = draws.draw(logits, settle_free=settle_free)
+    assert (draw.redo is None) == settle_free
+    tokens: list[int] = settle(draw)[0].tolist()  # type: ignore[assignment]
     normalised = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     expected: list[int] = mx.argmax(normalised, axis=-1).tolist()  # type: ignore[assignment]
     assert [tokens[i] for i in (0, 2, 3)] == [expected[i] for i in (0, 2, 3)]
@@ -183,3 +204,13 @@ def test_keys_go_back_to_their_samplers_when_rows_leave() -> None:
     assert samplers[0].key.tolist() == before[0]  # still held by the batch
     draws.keep([])
     assert samplers[0].key.tolist() != before[0]
+
+
+def test_the_gpu_default_and_its_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    on_gpu = mx.default_device().type == mx.DeviceType.gpu
+    monkeypatch.delenv(SETTLE_FREE_ENV, raising=False)
+    assert settle_free_default() == on_gpu
+    monkeypatch.setenv(SETTLE_FREE_ENV, "1")
+    assert settle_free_default()
+    monkeypatch.setenv(SETTLE_FREE_ENV, "0")
+    assert not settle_free_default()

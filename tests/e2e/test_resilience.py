@@ -56,6 +56,9 @@ def faulty(mlxcore_server: ServerFactory, tiny_qwen3: Path) -> Server:
 @pytest.fixture(scope="module")
 def http(faulty: Server) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=faulty.base_url, timeout=60) as client:
+        # The first steps compile kernels; on a GPU (NVRTC) that can outlast the 3 s
+        # watchdog once, which restarts the engine: let that happen before the tests.
+        wait_serving(client)
         yield client
 
 

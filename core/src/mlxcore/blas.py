@@ -6,7 +6,9 @@ symbols win, which speeds up a float32 1024x1024 matmul by more than 30x on a 2-
 machine (357 ms -> 11 ms). Preloading only works at process start, so the CLI calls
 :func:`reexec_with_openblas` first thing, before MLX is imported.
 
-This module imports nothing heavy (no MLX) so it can run before anything else.
+It also holds :func:`keep_float32_exact`, the other start-up choice about how float32
+matrix products run (TF32 on tensor-core hardware). This module imports nothing heavy (no
+MLX) so it can run before anything else.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import logging
 import os
 import platform
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -163,3 +165,28 @@ def log_blas_status() -> None:
             else ("libopenblas0 is not installed (make setup installs it when run as root)")
         )
         logger.info("OpenBLAS not in use (%s): float32 matmul uses the reference BLAS", reason)
+
+
+#: MLX's switch for reduced-precision (TF32) float32 matrix products; read once, lazily.
+TF32_ENV = "MLX_ENABLE_TF32"
+
+
+def keep_float32_exact(env: MutableMapping[str, str] | None = None) -> bool:
+    """Ask MLX for full-precision float32 matrix products unless ``MLX_ENABLE_TF32`` is set.
+
+    MLX's default lets tensor-core hardware (NVIDIA GPUs under the CUDA backend, Apple M5
+    neural accelerators) multiply float32 matrices in TF32, about 1e-3 relative, while a
+    one-row product (a single stream's decode step) stays full float32. A float32 model's
+    greedy tokens would then depend on how many rows shared a step, which breaks their
+    identity with ``mlx_lm.generate``. bfloat16, float16 and quantized models are not
+    affected. MLX reads the variable at its first matrix product, so this runs at start-up;
+    a value the user set (``MLX_ENABLE_TF32=1`` for speed) is left alone.
+
+    Returns:
+        True when it set the variable (in ``env``, default ``os.environ``).
+    """
+    target = os.environ if env is None else env
+    if TF32_ENV in target:
+        return False
+    target[TF32_ENV] = "0"
+    return True

@@ -325,3 +325,82 @@ def test_many_uploads_and_batches_at_once(server: Server) -> None:
     for batch_id in ids:
         done = wait(client, batch_id)
         assert done.status == "completed" and done.request_counts.completed == 1
+
+
+KEYS = """
+[keys.alice]
+key = "sk-alice"
+
+[keys.bob]
+key = "sk-bob"
+"""
+
+
+def test_each_key_sees_only_its_own_files_and_batches(
+    mlxcore_server: ServerFactory, tiny_qwen3: Path, tmp_path: Path
+) -> None:
+    keys = tmp_path / "keys.toml"
+    keys.write_text(KEYS)
+    server = start(mlxcore_server, tiny_qwen3, tmp_path / "batches", "--api-keys-file", str(keys))
+
+    def as_key(secret: str) -> openai.OpenAI:
+        return openai.OpenAI(base_url=server.v1, api_key=secret, max_retries=0, timeout=60)
+
+    alice, bob = as_key("sk-alice"), as_key("sk-bob")
+    source = upload(alice, [chat_line(i, tokens=4) for i in range(3)])
+    batch = alice.batches.create(
+        input_file_id=source, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    done = wait(alice, batch.id)
+    assert done.status == "completed" and len(results(alice, done.output_file_id)) == 3
+    # Bob cannot see, read, delete or use any of it: each id is a 404, lists are empty.
+    for call in (
+        lambda: bob.files.retrieve(source),
+        lambda: bob.files.content(source),
+        lambda: bob.files.retrieve(done.output_file_id),
+        lambda: bob.files.content(done.output_file_id),
+        lambda: bob.files.delete(source),
+        lambda: bob.batches.retrieve(batch.id),
+        lambda: bob.batches.cancel(batch.id),
+        lambda: bob.batches.create(
+            input_file_id=source, endpoint="/v1/chat/completions", completion_window="24h"
+        ),
+    ):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    assert bob.files.list().data == [] and bob.batches.list().data == []
+    # Alice still has all of it, the batch's output file included.
+    mine = {f.id for f in alice.files.list().data}
+    assert {source, done.output_file_id} <= mine
+    assert [b.id for b in alice.batches.list().data] == [batch.id]
+    assert alice.files.delete(source).deleted
+    # Bob's own upload is his alone.
+    his = upload(bob, [chat_line(9)])
+    assert [f.id for f in bob.files.list().data] == [his]
+    with pytest.raises(openai.NotFoundError):
+        alice.files.retrieve(his)
+
+
+def test_a_database_from_before_owners_keeps_its_records(tmp_path: Path) -> None:
+    import sqlite3
+
+    from mlxcore_batch.store import EVERYONE, Store
+
+    old = sqlite3.connect(tmp_path / "batches.sqlite3")
+    old.executescript(
+        "CREATE TABLE files (id TEXT PRIMARY KEY, filename TEXT NOT NULL, purpose TEXT NOT NULL,"
+        " bytes INTEGER NOT NULL, created_at INTEGER NOT NULL);"
+        "CREATE TABLE batches (id TEXT PRIMARY KEY, body TEXT NOT NULL,"
+        " created_at INTEGER NOT NULL);"
+        "INSERT INTO files VALUES ('file-old', 'in.jsonl', 'batch', 3, 1);"
+    )
+    body = json.dumps({"id": "batch_old", "status": "completed"})
+    old.execute("INSERT INTO batches VALUES ('batch_old', ?, 1)", (body,))
+    old.commit()
+    old.close()
+    store = Store(tmp_path)
+    # what was there belongs to no key: a server without keys still sees it, a key does not
+    assert store.file("file-old", None) is not None and store.file("file-old", "alice") is None
+    assert store.batch("batch_old", None) is not None and store.batch("batch_old", "alice") is None
+    assert store.batch("batch_old", EVERYONE) is not None and store.owner_of("batch_old") is None
+    store.close()

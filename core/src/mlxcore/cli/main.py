@@ -155,10 +155,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(pre.log_level, pre.log_format)
     command = next((a for a in argv if not a.startswith("-")), None)
     if command in MODEL_COMMANDS:
-        from mlxcore.blas import log_blas_status, reexec_with_openblas
+        from mlxcore.blas import keep_float32_exact, log_blas_status, reexec_with_openblas
 
         reexec_with_openblas(argv)
         log_blas_status()
+        keep_float32_exact()
     from mlxcore.hooks import PluginHooks
     from mlxcore.plugins import (
         PluginSelection,

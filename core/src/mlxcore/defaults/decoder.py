@@ -6,7 +6,7 @@ per-step work overlaps with MLX's computation. A sequence's tokens are
 therefore reported one step after they were sampled, and a sequence that just
 joined gets nothing from its first step.
 
-**Greedy batches skip the normalisation.** ``mlx_lm.generate`` picks a greedy token as
+**On the CPU, greedy batches skip the normalisation.** ``mlx_lm.generate`` picks a greedy token as
 ``argmax(logits - logsumexp(logits))``; on the CPU the ``exp`` over a 150K-token
 vocabulary costs more than the model's own forward pass for small models (measured: 70 ms
 of a 160 ms step at batch 32). Subtracting a per-row constant keeps the order of the
@@ -16,7 +16,9 @@ sequence is greedy and no one asked for logprobs, a step takes ``argmax(logits)`
 also flags the rows where another logit lies within
 :data:`~mlxcore.engine.row_sampling.NEAR_TIE` of the maximum; before
 those tokens are used, a flagged row gets mlx-lm's exact computation instead. The tokens
-are always those of the exact path.
+are always those of the exact path. Checking the flags waits for the step, so on a GPU
+(``settle_free``, see :mod:`mlxcore.engine.row_sampling`) steps take mlx-lm's exact pick
+and draw lazily instead: the next step's graph is then built while the GPU computes.
 
 **Rows leave lazily.** Taking a row out of mlx-lm's batch caches copies every layer's
 keys and values, and must first wait for the step in flight: done at every removal, it
@@ -43,6 +45,7 @@ from mlxcore.engine.row_sampling import (
     exact_greedy,
     near_ties,
     settle,
+    settle_free_default,
 )
 from mlxcore.engine.sampling import RandomSampler, greedy, token_with_logprobs
 from mlxcore.engine.strategies import (
@@ -87,8 +90,17 @@ class PlainDecoder(Decoder):
     supports_kv_quantization = True
     supports_adapters = True
 
-    def __init__(self, model: Any, kv_quant: KVQuantization | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        kv_quant: KVQuantization | None = None,
+        *,
+        settle_free: bool | None = None,
+    ) -> None:
         self.model = model
+        self.settle_free = settle_free_default() if settle_free is None else settle_free
+        """Steps leave nothing to settle (see :mod:`mlxcore.engine.row_sampling`): no
+        fast greedy path, no proposals; the default on a GPU."""
         self._adapted = adapters_of(model) is not None
         """LoRA adapters are attached (fixed at load): only then are rows' requests read."""
         self.kv_quant = kv_quant
@@ -277,6 +289,11 @@ class PlainDecoder(Decoder):
         live = [s for s in self.slots if not s.left]
         wants = any(s.seq.request.sampling.logprobs for s in live)
         all_greedy = all(s.seq.sampler is greedy for s in live)
+        if all_greedy and not wants and self.settle_free:
+            self._pending = exact_greedy(logits)
+            self._pending_logprobs = None
+            mx.async_eval(self._pending)
+            return self._report(inputs, input_logprobs)
         if all_greedy and not wants and logits.dtype == mx.float32:
             self._pending = mx.argmax(logits, axis=-1)
             self._unchecked = (logits, near_ties(logits))
@@ -284,10 +301,11 @@ class PlainDecoder(Decoder):
             mx.async_eval(self._pending, self._unchecked[1])
             return self._report(inputs, input_logprobs)
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True) if wants else None
-        self._draw = self._rows.draw(logits)
+        self._draw = self._rows.draw(logits, settle_free=self.settle_free)
         self._pending = self._draw.tokens
         self._pending_logprobs = logprobs
-        mx.async_eval(self._pending, self._draw.redo, *([logprobs] if wants else []))
+        redo = [] if self._draw.redo is None else [self._draw.redo]
+        mx.async_eval(self._pending, *redo, *([logprobs] if wants else []))
         return self._report(inputs, input_logprobs)
 
     def _report(self, inputs: Any, input_logprobs: Any) -> dict[int, list[StepToken]]:

@@ -49,6 +49,10 @@ KV_CACHE_DTYPES: dict[str, int | None] = {"auto": None, "int8": 8, "int4": 4}
 KV_GROUP_SIZES = (32, 64, 128)
 """Group sizes ``mx.quantize`` accepts."""
 
+PROBE_CHUNK = 41
+"""Tokens in the start-up probe's prefill chunk over a quantized cache
+(:meth:`KVQuantization.check_model`)."""
+
 Parts = tuple[mx.array, ...]
 """A quantized tensor: packed values (uint32), scales, biases."""
 
@@ -136,6 +140,9 @@ class KVQuantization:
             self._check_head_sizes(cache)
             self.quantize_prefill(cache)
             model(mx.array([[3]]), cache=cache)
+            # a prefill chunk over a quantized cache (a prompt resumed from a stored prefix):
+            # several query rows, a shape some backends' quantized kernels lack
+            model(mx.array([list(range(6, 6 + PROBE_CHUNK))]), cache=cache)
             batch = [
                 self.merge([layer, layer]) if type(layer) is QuantizedKVCache
                 else type(layer).merge([layer, layer])

@@ -37,7 +37,11 @@ ModelFactory = Callable[..., Path]
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Register the ``cpu_wheel`` mark."""
+    """Register the ``cpu_wheel`` mark; keep float32 matrix products exact (no TF32) in
+    this process and the servers it starts, as ``mlxcore serve`` does."""
+    from mlxcore.blas import keep_float32_exact
+
+    keep_float32_exact()
     config.addinivalue_line(
         "markers", "cpu_wheel: needs MLX's CPU backend; skipped where MLX runs on CUDA"
     )

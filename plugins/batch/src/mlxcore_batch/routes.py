@@ -12,6 +12,7 @@ from litestar.response import File
 
 from mlxcore.server.errors import APIError
 from mlxcore.server.frontend import decode_body
+from mlxcore.server.keys import current_key
 from mlxcore.server.openapi import (
     BODY_OPTION,
     ERRORS_OPTION,
@@ -112,6 +113,13 @@ def _store(request: Request[Any, Any, Any]) -> Store:
     return store
 
 
+def _owner() -> str | None:
+    """The name of the request's API key (``None`` on a server without keys): the owner
+    of what it creates, and the only one whose files and batches it sees."""
+    key = current_key.get()
+    return key.name if key is not None else None
+
+
 def _file_not_found(file_id: str) -> APIError:
     return APIError(404, f"no file with id {file_id!r}", param="file_id", code="not_found")
 
@@ -163,7 +171,7 @@ async def upload_file(request: Request[Any, Any, Any]) -> dict[str, Any]:
     with store.path(file_id).open("wb") as out:
         while chunk := await upload.read(CHUNK):
             out.write(chunk)
-    return store.add_file(file_id, upload.filename or "upload.jsonl", str(purpose))
+    return store.add_file(file_id, upload.filename or "upload.jsonl", str(purpose), _owner())
 
 
 @get("/v1/files", opt={REPLIES_OPTION: {200: reply("files, newest first", FILE_LIST)},
@@ -172,7 +180,10 @@ async def list_files(request: Request[Any, Any, Any]) -> dict[str, Any]:
     """Files, newest first (``purpose``, ``limit``, ``after``)."""
     limit = _limit(request)
     found = _store(request).files(
-        request.query_params.get("purpose"), limit + 1, request.query_params.get("after")
+        request.query_params.get("purpose"),
+        limit + 1,
+        request.query_params.get("after"),
+        _owner(),
     )
     return _page(found, limit)
 
@@ -180,7 +191,7 @@ async def list_files(request: Request[Any, Any, Any]) -> dict[str, Any]:
 @get("/v1/files/{file_id:str}", opt={REPLIES_OPTION: {200: reply("the file", FILE)}})
 async def retrieve_file(request: Request[Any, Any, Any], file_id: str) -> dict[str, Any]:
     """One file's object."""
-    found = _store(request).file(file_id)
+    found = _store(request).file(file_id, _owner())
     if found is None:
         raise _file_not_found(file_id)
     return found
@@ -193,7 +204,7 @@ async def retrieve_file(request: Request[Any, Any, Any], file_id: str) -> dict[s
 async def file_content(request: Request[Any, Any, Any], file_id: str) -> File:
     """A file's content (streamed from disk)."""
     store = _store(request)
-    found = store.file(file_id)
+    found = store.file(file_id, _owner())
     if found is None:
         raise _file_not_found(file_id)
     return File(store.path(file_id), filename=found["filename"], media_type="application/jsonl")
@@ -206,7 +217,7 @@ async def file_content(request: Request[Any, Any, Any], file_id: str) -> File:
 )
 async def delete_file(request: Request[Any, Any, Any], file_id: str) -> dict[str, Any]:
     """Delete a file (a batch still reading it fails its remaining lines)."""
-    if not _store(request).delete_file(file_id):
+    if not _store(request).delete_file(file_id, _owner()):
         raise _file_not_found(file_id)
     return {"id": file_id, "object": "file", "deleted": True}
 
@@ -221,7 +232,7 @@ async def create_batch(request: Request[Any, Any, Any]) -> dict[str, Any]:
     server's idle capacity (after interactive requests), results in an output file."""
     store = _store(request)
     body = await decode_body(request, BatchCreate)
-    source = store.file(body.input_file_id)
+    source = store.file(body.input_file_id, _owner())
     if source is None:
         raise APIError(
             404, f"no file with id {body.input_file_id!r}", param="input_file_id", code="not_found"
@@ -251,14 +262,14 @@ async def create_batch(request: Request[Any, Any, Any]) -> dict[str, Any]:
         "request_counts": {"total": 0, "completed": 0, "failed": 0},
         "metadata": body.metadata,
     }
-    store.add_batch(batch)
+    store.add_batch(batch, _owner())
     runner: Runner = request.app.state.batch_runner
     runner.poke()
     return batch
 
 
 def _batch(store: Store, batch_id: str) -> dict[str, Any]:
-    found = store.batch(batch_id)
+    found = store.batch(batch_id, _owner())
     if found is None:
         raise APIError(404, f"no batch with id {batch_id!r}", param="batch_id", code="not_found")
     return found
@@ -275,7 +286,8 @@ async def retrieve_batch(request: Request[Any, Any, Any], batch_id: str) -> dict
 async def list_batches(request: Request[Any, Any, Any]) -> dict[str, Any]:
     """Batches, newest first (``limit``, ``after``)."""
     limit = _limit(request)
-    return _page(_store(request).batches(limit + 1, request.query_params.get("after")), limit)
+    found = _store(request).batches(limit + 1, request.query_params.get("after"), _owner())
+    return _page(found, limit)
 
 
 @post(

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from mlxcore.server.internal import internal_client
-from mlxcore_batch.store import Store, new_id
+from mlxcore_batch.store import EVERYONE, Store, new_id
 
 log = logging.getLogger("mlxcore.plugins.batch")
 
@@ -152,7 +152,7 @@ class Runner:
                 raise
             except Exception as exc:  # a runner fault fails the batch, not the server
                 log.exception("batch %s failed", active[0]["id"])
-                batch = self.store.batch(active[0]["id"]) or active[0]
+                batch = self.store.batch(active[0]["id"], EVERYONE) or active[0]
                 batch.update(status="failed", failed_at=int(time.time()))
                 batch["errors"] = {
                     "object": "list",
@@ -248,14 +248,14 @@ class Runner:
 
     def _cancelled(self, batch: dict[str, Any]) -> bool:
         """Whether the batch was cancelled meanwhile (then it is marked so here too)."""
-        current = self.store.batch(batch["id"])
+        current = self.store.batch(batch["id"], EVERYONE)
         if current is not None and current["status"] == "cancelling":
             batch.update(status="cancelling", cancelling_at=current.get("cancelling_at"))
             return True
         return False
 
     def _save_counts(self, batch: dict[str, Any]) -> None:
-        current = self.store.batch(batch["id"]) or batch
+        current = self.store.batch(batch["id"], EVERYONE) or batch
         current["request_counts"] = batch["request_counts"]
         if current["status"] == "cancelling":
             batch["status"] = "cancelling"
@@ -263,7 +263,7 @@ class Runner:
 
     def _finalize(self, batch: dict[str, Any]) -> None:
         """Publish the result files and set the final state."""
-        current = self.store.batch(batch["id"]) or batch
+        current = self.store.batch(batch["id"], EVERYONE) or batch
         current["request_counts"] = batch.get("request_counts", current.get("request_counts"))
         cancelled = current["status"] == "cancelling"
         if current["status"] not in ("in_progress", "finalizing", "cancelling"):
@@ -277,7 +277,8 @@ class Runner:
             if path.exists() and path.stat().st_size:
                 file_id = new_id("file-")
                 os.replace(path, self.store.path(file_id))
-                self.store.add_file(file_id, f"{batch['id']}_{name}.jsonl", "batch_output")
+                owner = self.store.owner_of(batch["id"])
+                self.store.add_file(file_id, f"{batch['id']}_{name}.jsonl", "batch_output", owner)
                 current[field] = file_id
             else:
                 path.unlink(missing_ok=True)

@@ -4,6 +4,12 @@ Uploaded files and the output and error files a batch writes live under
 ``--batch-dir``/files/; their records and the batches' state live in
 ``--batch-dir``/batches.sqlite3, so a restart finds every batch where it stopped.
 Thread-safe (one connection, one lock); every change is committed at once.
+
+**Every record has an owner**: the name of the API key that created it (a batch's
+output and error files: the batch's owner), ``None`` on a server without keys. The
+routes only see their key's records (another key's id is a 404); the runner, which
+works for every owner, passes :data:`EVERYONE`. Databases from before owners get the
+column, their records owned by ``None``.
 """
 
 from __future__ import annotations
@@ -19,12 +25,23 @@ from typing import Any
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
     id TEXT PRIMARY KEY, filename TEXT NOT NULL, purpose TEXT NOT NULL,
-    bytes INTEGER NOT NULL, created_at INTEGER NOT NULL
+    bytes INTEGER NOT NULL, created_at INTEGER NOT NULL, owner TEXT
 );
 CREATE TABLE IF NOT EXISTS batches (
-    id TEXT PRIMARY KEY, body TEXT NOT NULL, created_at INTEGER NOT NULL
+    id TEXT PRIMARY KEY, body TEXT NOT NULL, created_at INTEGER NOT NULL, owner TEXT
 );
 """
+
+
+class _Everyone:
+    """The runner's view: records of every owner."""
+
+
+EVERYONE: Any = _Everyone()
+"""``owner`` for a view across owners (the runner's)."""
+
+Owner = str | None
+"""An API key's name, or ``None`` without keys."""
 
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 """States of a batch the runner still has work for."""
@@ -44,6 +61,11 @@ class Store:
         self.files_dir.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(folder / "batches.sqlite3", check_same_thread=False)
         self._db.executescript(SCHEMA)
+        for table in ("files", "batches"):  # databases written before owners
+            columns = [row[1] for row in self._db.execute(f"PRAGMA table_info({table})")]
+            if "owner" not in columns:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN owner TEXT")
+        self._db.commit()
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -57,68 +79,86 @@ class Store:
         """Where a file's content is (it may not exist yet)."""
         return self.files_dir / file_id
 
-    def add_file(self, file_id: str, filename: str, purpose: str) -> dict[str, Any]:
+    def add_file(self, file_id: str, filename: str, purpose: str, owner: Owner) -> dict[str, Any]:
         """Record a file whose content is already at :meth:`path`."""
         size = self.path(file_id).stat().st_size
         created = int(time.time())
         with self._lock:
             self._db.execute(
-                "INSERT INTO files VALUES (?, ?, ?, ?, ?)",
-                (file_id, filename, purpose, size, created),
+                "INSERT INTO files VALUES (?, ?, ?, ?, ?, ?)",
+                (file_id, filename, purpose, size, created, owner),
             )
             self._db.commit()
         return file_object(file_id, filename, purpose, size, created)
 
-    def file(self, file_id: str) -> dict[str, Any] | None:
-        """A file's object, or None."""
+    def file(self, file_id: str, owner: Owner) -> dict[str, Any] | None:
+        """A file's object, or None (also when ``owner`` does not own it)."""
+        query = "SELECT id, filename, purpose, bytes, created_at FROM files WHERE id = ?"
+        args: list[Any] = [file_id]
+        if owner is not EVERYONE:
+            query += " AND owner IS ?"
+            args.append(owner)
         with self._lock:
-            row = self._db.execute(
-                "SELECT id, filename, purpose, bytes, created_at FROM files WHERE id = ?",
-                (file_id,),
-            ).fetchone()
+            row = self._db.execute(query, args).fetchone()
         return file_object(*row) if row else None
 
-    def files(self, purpose: str | None, limit: int, after: str | None) -> list[dict[str, Any]]:
-        """Files, newest first (``after``: the id to continue after)."""
+    def files(
+        self, purpose: str | None, limit: int, after: str | None, owner: Owner
+    ) -> list[dict[str, Any]]:
+        """``owner``'s files, newest first (``after``: the id to continue after)."""
         query = "SELECT id, filename, purpose, bytes, created_at FROM files"
-        where, args = [], []
+        where: list[str] = ["owner IS ?"]
+        args: list[Any] = [owner]
         if purpose:
             where.append("purpose = ?")
             args.append(purpose)
         if after:
             where.append("rowid < (SELECT rowid FROM files WHERE id = ?)")
             args.append(after)
-        if where:
-            query += " WHERE " + " AND ".join(where)
-        query += " ORDER BY rowid DESC LIMIT ?"
+        query += " WHERE " + " AND ".join(where) + " ORDER BY rowid DESC LIMIT ?"
         with self._lock:
             rows = self._db.execute(query, (*args, limit)).fetchall()
         return [file_object(*row) for row in rows]
 
-    def delete_file(self, file_id: str) -> bool:
-        """Forget a file and remove its content; False when there was none."""
+    def delete_file(self, file_id: str, owner: Owner) -> bool:
+        """Forget ``owner``'s file and remove its content; False when there was none."""
         with self._lock:
-            gone = self._db.execute("DELETE FROM files WHERE id = ?", (file_id,)).rowcount
+            gone = self._db.execute(
+                "DELETE FROM files WHERE id = ? AND owner IS ?", (file_id, owner)
+            ).rowcount
             self._db.commit()
+        if not gone:
+            return False
         self.path(file_id).unlink(missing_ok=True)
-        return bool(gone)
+        return True
 
     # -- batches -------------------------------------------------------------------
 
-    def add_batch(self, batch: dict[str, Any]) -> None:
+    def add_batch(self, batch: dict[str, Any], owner: Owner) -> None:
         """Record a new batch (its OpenAI object)."""
         with self._lock:
             self._db.execute(
-                "INSERT INTO batches VALUES (?, ?, ?)",
-                (batch["id"], json.dumps(batch), batch["created_at"]),
+                "INSERT INTO batches VALUES (?, ?, ?, ?)",
+                (batch["id"], json.dumps(batch), batch["created_at"], owner),
             )
             self._db.commit()
 
-    def batch(self, batch_id: str) -> dict[str, Any] | None:
-        """A batch's object, or None."""
+    def batch(self, batch_id: str, owner: Owner) -> dict[str, Any] | None:
+        """A batch's object, or None (also when ``owner`` does not own it)."""
+        query = "SELECT body FROM batches WHERE id = ?"
+        args: list[Any] = [batch_id]
+        if owner is not EVERYONE:
+            query += " AND owner IS ?"
+            args.append(owner)
         with self._lock:
-            row = self._db.execute("SELECT body FROM batches WHERE id = ?", (batch_id,)).fetchone()
+            row = self._db.execute(query, args).fetchone()
         return json.loads(row[0]) if row else None
+
+    def owner_of(self, batch_id: str) -> Owner:
+        """Who created the batch (its result files are theirs)."""
+        with self._lock:
+            row = self._db.execute("SELECT owner FROM batches WHERE id = ?", (batch_id,)).fetchone()
+        return row[0] if row else None
 
     def save(self, batch: dict[str, Any]) -> None:
         """Write a batch's object back."""
@@ -128,11 +168,12 @@ class Store:
             )
             self._db.commit()
 
-    def batches(self, limit: int, after: str | None) -> list[dict[str, Any]]:
-        """Batches, newest first."""
-        query, args = "SELECT body FROM batches", []
+    def batches(self, limit: int, after: str | None, owner: Owner) -> list[dict[str, Any]]:
+        """``owner``'s batches, newest first."""
+        query = "SELECT body FROM batches WHERE owner IS ?"
+        args: list[Any] = [owner]
         if after:
-            query += " WHERE rowid < (SELECT rowid FROM batches WHERE id = ?)"
+            query += " AND rowid < (SELECT rowid FROM batches WHERE id = ?)"
             args.append(after)
         with self._lock:
             rows = self._db.execute(query + " ORDER BY rowid DESC LIMIT ?", (*args, limit))
