@@ -73,6 +73,16 @@ class Store:
         with self._lock:
             self._db.close()
 
+    def _one(self, select: str, record_id: str, owner: Owner) -> Any:
+        """The row ``select ... WHERE id = ?`` finds, if ``owner`` may see it."""
+        query = select + " WHERE id = ?"
+        args: list[Any] = [record_id]
+        if owner is not EVERYONE:
+            query += " AND owner IS ?"
+            args = [record_id, owner]
+        with self._lock:
+            return self._db.execute(query, args).fetchone()
+
     # -- files ---------------------------------------------------------------------
 
     def path(self, file_id: str) -> Path:
@@ -93,13 +103,8 @@ class Store:
 
     def file(self, file_id: str, owner: Owner) -> dict[str, Any] | None:
         """A file's object, or None (also when ``owner`` does not own it)."""
-        query = "SELECT id, filename, purpose, bytes, created_at FROM files WHERE id = ?"
-        args: list[Any] = [file_id]
-        if owner is not EVERYONE:
-            query += " AND owner IS ?"
-            args.append(owner)
-        with self._lock:
-            row = self._db.execute(query, args).fetchone()
+        columns = "id, filename, purpose, bytes, created_at"
+        row = self._one(f"SELECT {columns} FROM files", file_id, owner)
         return file_object(*row) if row else None
 
     def files(
@@ -145,13 +150,7 @@ class Store:
 
     def batch(self, batch_id: str, owner: Owner) -> dict[str, Any] | None:
         """A batch's object, or None (also when ``owner`` does not own it)."""
-        query = "SELECT body FROM batches WHERE id = ?"
-        args: list[Any] = [batch_id]
-        if owner is not EVERYONE:
-            query += " AND owner IS ?"
-            args.append(owner)
-        with self._lock:
-            row = self._db.execute(query, args).fetchone()
+        row = self._one("SELECT body FROM batches", batch_id, owner)
         return json.loads(row[0]) if row else None
 
     def owner_of(self, batch_id: str) -> Owner:
