@@ -178,6 +178,15 @@ def test_files_routes(server: Server) -> None:
         client.files.retrieve(file_id)
     with pytest.raises(openai.BadRequestError):
         client.files.create(file=("x.jsonl", b"{}\n"), purpose="fine-tune")
+    # the upload's form is in the OpenAPI document and its HTML page
+    import httpx
+
+    spec = httpx.get(f"{server.base_url}/openapi.json", timeout=30).json()
+    form = spec["paths"]["/v1/files"]["post"]["requestBody"]["content"]["multipart/form-data"]
+    assert form["schema"]["required"] == ["file", "purpose"]
+    assert form["schema"]["properties"]["purpose"]["enum"] == ["batch", "user_data"]
+    page = httpx.get(f"{server.base_url}/docs", timeout=30)
+    assert page.status_code == 200 and "multipart/form-data" in page.text
 
 
 def test_cancel_stops_new_lines(

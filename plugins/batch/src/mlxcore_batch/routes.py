@@ -16,6 +16,7 @@ from mlxcore.server.keys import current_key
 from mlxcore.server.openapi import (
     BODY_OPTION,
     ERRORS_OPTION,
+    FORM_OPTION,
     INTEGER,
     QUERY_OPTION,
     REPLIES_OPTION,
@@ -34,6 +35,16 @@ PURPOSES = ("batch", "user_data")
 CHUNK = 1 << 20
 MAX_UPLOAD = 1 << 30
 """Largest upload (1 GiB; spooled to disk as it arrives, never held in memory whole)."""
+UPLOAD_FORM: dict[str, Any] = {
+    "type": "object",
+    "required": ["file", "purpose"],
+    "properties": {
+        "file": {"type": "string", "contentMediaType": "application/octet-stream",
+                 "description": "the file (JSONL for purpose batch)"},
+        "purpose": {"type": "string", "enum": list(PURPOSES)},
+    },
+}  # fmt: skip
+"""The upload's ``multipart/form-data`` fields, for the OpenAPI document."""
 
 FILE = obj(
     {
@@ -151,6 +162,7 @@ def _page(items: list[dict[str, Any]], limit: int) -> dict[str, Any]:
     status_code=200,
     request_max_body_size=MAX_UPLOAD,
     opt={
+        FORM_OPTION: UPLOAD_FORM,
         REPLIES_OPTION: {200: reply("the file", FILE)},
         ERRORS_OPTION: {413: "the file is larger than 1 GiB"},
     },
