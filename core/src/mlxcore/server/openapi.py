@@ -26,6 +26,7 @@ BODY_OPTION = "body"
 """Handler ``opt`` key naming the msgspec struct a route decodes its JSON body into."""
 FORM_OPTION = "form"
 """Handler ``opt`` key: the JSON Schema of a ``multipart/form-data`` body (an upload)."""
+FORM_MEDIA = "multipart/form-data"
 ERRORS_OPTION = "errors"
 """Handler ``opt`` key: the statuses a route answers beyond the common ones
 (``{"409": "why"}``)."""
@@ -253,10 +254,10 @@ def openapi_document(
         if form is not None:
             operation["requestBody"] = {
                 "required": True,
-                "content": {"multipart/form-data": {"schema": form}},
+                "content": {FORM_MEDIA: {"schema": form}},
             }
             operation["responses"]["413"] = _error("the body is too large")
-            operation["responses"]["415"] = _error("the body is not multipart/form-data")
+            operation["responses"]["415"] = _error(f"the body is not {FORM_MEDIA}")
         paths.setdefault(path, {})[method.lower()] = operation
     return {
         "openapi": "3.1.0",
@@ -322,9 +323,9 @@ def docs_page(document: dict[str, Any]) -> str:
             parts.append(f"<h2><code>{method.upper()} {html.escape(path)}</code></h2>")
             parts.append(f"<p>{html.escape(op['summary'])}</p>")
             body = op.get("requestBody")
-            if body is not None and "multipart/form-data" in body["content"]:
-                text = json.dumps(body["content"]["multipart/form-data"]["schema"], indent=2)
-                parts.append(f"<p>Form (multipart/form-data)</p><pre>{html.escape(text)}</pre>")
+            if body is not None and FORM_MEDIA in body["content"]:
+                text = json.dumps(body["content"][FORM_MEDIA]["schema"], indent=2)
+                parts.append(f"<p>Form ({FORM_MEDIA})</p><pre>{html.escape(text)}</pre>")
             elif body is not None:
                 ref = body["content"]["application/json"]["schema"]["$ref"]
                 name = ref.rsplit("/", 1)[-1]

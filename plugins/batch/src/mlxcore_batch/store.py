@@ -79,7 +79,7 @@ class Store:
         args: list[Any] = [record_id]
         if owner is not EVERYONE:
             query += " AND owner IS ?"
-            args = [record_id, owner]
+            args.append(owner)
         with self._lock:
             return self._db.execute(query, args).fetchone()
 
