@@ -91,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
                         time.sleep(0.1)
                     began = client.batches.retrieve(batch.id).request_counts.completed
                     started = time.perf_counter()
-                row[phase] = statistics.median(ttfts(client, args.requests, f"{r}{phase}"))
+                times = ttfts(client, args.requests, f"{r}{phase}")
+                row[phase] = statistics.median(times)
+                row[f"{phase}_each"] = [round(t, 3) for t in times]
                 if batch is not None:
                     state = client.batches.retrieve(batch.id)
                     done = state.request_counts.completed - began

@@ -75,7 +75,7 @@ pooling = "mean"
         ("[models]\n", "no \\[models.NAME\\]"),
         ("colour = 1\n[models.a]\nsource='x'\n", "unknown setting"),
         ("[models.a]\naliases=['b']\n", "source"),
-        ("[models.a]\nsource='x'\ntask='rerank'\n", "task must be"),
+        ("[models.a]\nsource='x'\ntask='speech'\n", "task must be"),
         ("[models.a]\nsource='x'\npinned='yes'\n", "pinned"),
         ("[models.a]\nsource='x'\nidle_unload=-1\n", "idle_unload"),
         ("[models.a]\nsource='x'\naliases=[1]\n", "aliases"),

@@ -4,6 +4,7 @@ its requests' default and the best they may ask for."""
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 import time
@@ -108,3 +109,86 @@ def test_a_low_priority_request_still_starts_under_sustained_high_load(tiny_llam
         assert order.index("low") > 0  # it did wait behind high ones first
     finally:
         rt.engine.shutdown(timeout=5)
+
+
+BACKGROUND = 1_000_000  # the default --background-priority
+
+
+def collect(events: queue.SimpleQueue[Event], log: list[tuple[float, str, list[int]]], tag: str):
+    def put(event: Event) -> None:
+        tokens = [t.token for t in event.tokens] if isinstance(event, TokenEvent) else []
+        kind = "finish" if isinstance(event, FinishEvent) else "token"
+        log.append((time.monotonic(), f"{tag}:{kind}", tokens))
+        events.put(event)
+
+    return put
+
+
+def wait_finish(events: queue.SimpleQueue[Event]) -> None:
+    while not isinstance(events.get(timeout=120), FinishEvent):
+        pass
+
+
+def test_background_work_pauses_while_an_interactive_request_runs(tiny_llama: Path) -> None:
+    """A running background request sits out every step while an interactive one runs
+    (and for the grace after it), a waiting one does not start, and both then finish with
+    exactly the tokens they get alone."""
+    alone = make_runtime(tiny_llama)
+    try:
+        expected: list[list[int]] = []
+        for request in (greedy(120, BACKGROUND), greedy(60), greedy(8, BACKGROUND)):
+            seen: list[tuple[float, str, list[int]]] = []
+            done: queue.SimpleQueue[Event] = queue.SimpleQueue()
+            alone.engine.submit(request, collect(done, seen, "x"))
+            wait_finish(done)
+            expected.append([t for _, _, tokens in seen for t in tokens])
+    finally:
+        alone.engine.shutdown(timeout=5)
+
+    rt = make_runtime(tiny_llama, background_grace=0.5)
+    log: list[tuple[float, str, list[int]]] = []
+    try:
+        bg: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        fg: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        late: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        rt.engine.submit(greedy(120, BACKGROUND), collect(bg, log, "bg"))
+        while not any(tag == "bg:token" for _, tag, _ in log):
+            time.sleep(0.005)
+        rt.engine.submit(greedy(60), collect(fg, log, "fg"))
+        rt.engine.submit(greedy(8, BACKGROUND), collect(late, log, "late"))
+        wait_finish(fg)
+        wait_finish(bg)
+        wait_finish(late)
+    finally:
+        rt.engine.shutdown(timeout=5)
+    first_fg = next(t for t, tag, _ in log if tag == "fg:token")
+    fg_done = next(t for t, tag, _ in log if tag == "fg:finish")
+    assert any(tag == "bg:token" and t > fg_done for t, tag, _ in log)  # it was still going
+    during = [tag for t, tag, _ in log if first_fg <= t <= fg_done and not tag.startswith("fg")]
+    assert during == []  # nothing background ran while the interactive request did
+    resumed = min(t for t, tag, _ in log if tag != "fg:finish" and t > fg_done)
+    assert resumed - fg_done >= 0.4  # the grace after it
+    by_tag = {
+        tag: [tok for _, name, tokens in log if name == f"{tag}:token" for tok in tokens]
+        for tag in ("bg", "fg", "late")
+    }
+    assert [by_tag["bg"], by_tag["fg"], by_tag["late"]] == expected
+
+
+def test_each_prefill_chunk_is_timed_with_its_tokens(tiny_llama: Path) -> None:
+    """The engine notes every chunk of a long prompt's prefill (what tracing shows)."""
+    rt = make_runtime(tiny_llama, prefill_step_size=16)
+    try:
+        done: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        prompt = tuple(range(10, 110))
+        rt.engine.submit(GenerationRequest(prompt, 2, SamplingParams(temperature=0.0)), done.put)
+        event = done.get(timeout=60)
+        while not isinstance(event, FinishEvent):
+            event = done.get(timeout=60)
+    finally:
+        rt.engine.shutdown(timeout=5)
+    steps = event.usage.steps
+    assert len(steps) >= 100 // 16 and {s.name for s in steps} == {"prefill_chunk"}
+    assert sum(s.figures["tokens"] for s in steps) == 100 - event.usage.cached_tokens
+    for a, b in itertools.pairwise(steps):
+        assert a.start_ns <= a.end_ns <= b.start_ns

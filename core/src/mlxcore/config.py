@@ -128,6 +128,17 @@ class ServerConfig:
         "lower priorities still start under sustained higher-priority load (0: strict "
         "priorities)",
     )  # fmt: skip
+    background_priority: int = setting(
+        1_000_000, group=ENGINE, type=int, metavar="N",
+        help="requests at priority N or above are background work (the batch plugin's "
+        "lines): they start only in idle capacity, once no other request has been waiting "
+        "or running for --background-grace seconds",
+    )  # fmt: skip
+    background_grace: float = setting(
+        2.0, group=ENGINE, type=seconds, metavar="SECONDS",
+        help="how long after the last interactive request background work still waits to "
+        "start (interactive traffic comes in bursts: an agent's next turn; 0: start at once)",
+    )  # fmt: skip
     engine_watchdog: float = setting(
         300.0, group=ENGINE, type=seconds, metavar="SECONDS",
         help="an engine step making no progress this long is a fault: its requests fail, "

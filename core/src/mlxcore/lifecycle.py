@@ -12,6 +12,8 @@ from typing import Any
 
 import attrs
 
+from mlxcore.engine.events import EngineStep
+
 
 @attrs.frozen
 class RequestRecord:
@@ -33,6 +35,8 @@ class RequestRecord:
         prompt_tokens, cached_tokens, completion_tokens: its usage.
         extra: the engine's per-request statistics (the cache's explanation under
             ``mlxcore.cache``, a speculative decoder's acceptance...).
+        steps: the engine's timed work for it, in order (each prefill chunk, with the
+            tokens it computed and those reused from the cache).
     """
 
     request_id: str
@@ -52,3 +56,4 @@ class RequestRecord:
     cached_tokens: int
     completion_tokens: int
     extra: dict[str, Any] = attrs.field(factory=dict)
+    steps: tuple[EngineStep, ...] = ()

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -413,3 +414,35 @@ def test_a_database_from_before_owners_keeps_its_records(tmp_path: Path) -> None
     assert store.batch("batch_old", None) is not None and store.batch("batch_old", "alice") is None
     assert store.batch("batch_old", EVERYONE) is not None and store.owner_of("batch_old") is None
     store.close()
+
+
+def test_lines_wait_for_idle_capacity_and_are_sent_again_when_turned_away(
+    mlxcore_server: ServerFactory, tiny_qwen3: Path, tmp_path: Path
+) -> None:
+    """While chats keep coming, batch lines do not start (background work waits for the
+    grace after the last one); past --max-queue-wait the engine turns them away (503) and
+    the runner sends them again: the batch completes, no line failed."""
+    server = start(
+        mlxcore_server, tiny_qwen3, tmp_path,
+        "--max-queue-wait", "1", "--background-grace", "3", "--batch-concurrency", "3",
+    )  # fmt: skip
+    client = client_of(server)
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}
+    client.chat.completions.create(**chat)  # type: ignore[call-overload]
+    batch = client.batches.create(
+        input_file_id=upload(client, [chat_line(i) for i in range(6)]),
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+    )
+    busy_until = time.monotonic() + 4
+    while time.monotonic() < busy_until:  # interactive traffic, back to back
+        client.chat.completions.create(**chat)  # type: ignore[call-overload]
+        assert client.batches.retrieve(batch.id).request_counts.completed == 0
+    done = wait(client, batch.id, 120)
+    assert done.status == "completed"
+    assert done.request_counts.completed == 6 and done.request_counts.failed == 0
+    metrics = httpx.get(f"{server.base_url}/metrics", timeout=10).text
+    expired = [
+        line for line in metrics.splitlines() if "expired_in_queue" in line and line[0] != "#"
+    ]
+    assert expired and float(expired[0].split()[-1]) >= 1  # some were turned away

@@ -22,6 +22,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from mlxcore.engine.events import EngineStep
 from mlxcore.lifecycle import RequestRecord
 from mlxcore.testing.server import Server, ServerFactory
 from mlxcore_otel.spans import Tracing, traces_url
@@ -79,6 +80,23 @@ def test_a_record_becomes_a_request_span_and_its_steps() -> None:
     assert attrs["mlxcore.speculative_acceptance"] == 0.5
     assert attrs["mlxcore.cache.outcome"] == "hit"
     assert spans["prefill"].attributes["mlxcore.cached_tokens"] == 8
+
+
+def test_prefill_chunks_are_spans_under_the_prefill() -> None:
+    chunks = (
+        EngineStep("prefill_chunk", 5_000, 6_500, {"tokens": 2, "cached_tokens": 8}),
+        EngineStep("prefill_chunk", 6_600, 8_800, {"tokens": 2, "cached_tokens": 8}),
+    )
+    exporter = InMemorySpanExporter()
+    Tracing(SimpleSpanProcessor(exporter)).emit(record(steps=chunks))
+    spans = exporter.get_finished_spans()
+    prefill = next(s for s in spans if s.name == "prefill")
+    found = sorted((s for s in spans if s.name == "prefill.chunk"), key=lambda s: s.start_time)
+    assert [(s.start_time, s.end_time) for s in found] == [(5_000, 6_500), (6_600, 8_800)]
+    assert all(s.parent.span_id == prefill.context.span_id for s in found)
+    assert [s.attributes["mlxcore.tokens"] for s in found] == [2, 2]
+    assert [s.attributes["mlxcore.index"] for s in found] == [0, 1]
+    assert found[0].attributes["mlxcore.cached_tokens"] == 8
 
 
 def test_steps_never_reached_have_no_span_and_errors_are_marked() -> None:
@@ -176,6 +194,17 @@ def test_a_real_server_exports_one_trace_per_request(server: Server) -> None:
             if s.trace_id == root.trace_id and s.parent_span_id == root.span_id
         }
         assert set(children) == {"prepare", "queue", "prefill", "decode"}, rid
+        chunks = [
+            s
+            for s in Receiver.spans
+            if s.trace_id == root.trace_id and s.parent_span_id == children["prefill"].span_id
+        ]
+        assert chunks and {s.name for s in chunks} == {"prefill.chunk"}, rid
+        figures = [{a.key: a.value.int_value for a in s.attributes} for s in chunks]
+        computed = sum(f["mlxcore.tokens"] for f in figures)
+        reused = figures[0]["mlxcore.cached_tokens"]
+        input_tokens = next(a for a in root.attributes if a.key == "gen_ai.usage.input_tokens")
+        assert computed + reused == input_tokens.value.int_value, rid
         order = [children[n] for n in ("prepare", "queue", "prefill", "decode")]
         assert order[0].start_time_unix_nano == root.start_time_unix_nano
         assert order[-1].end_time_unix_nano == root.end_time_unix_nano

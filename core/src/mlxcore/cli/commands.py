@@ -179,7 +179,7 @@ def serve(config: ServerConfig, hooks: PluginHooks, models: ServedModels) -> int
             entry.name,
             f" (aliases {', '.join(entry.aliases)})" if entry.aliases else "",
             ", pinned" if entry.pinned else "",
-            ", embeddings" if entry.task == "embed" else "",
+            {"embed": ", embeddings", "rerank": ", reranker"}.get(entry.task, ""),
         )
     return run_server(router, hooks, preload)
 

@@ -89,6 +89,7 @@ class PlainDecoder(Decoder):
     supports_position_offset = True
     supports_kv_quantization = True
     supports_adapters = True
+    supports_hold = True
 
     def __init__(
         self,
@@ -272,6 +273,37 @@ class PlainDecoder(Decoder):
             out.append(Salvaged(seq, unreported))
         self._rows.keep([])
         self.slots, self._joining, self.cache = [], [], []
+        return out
+
+    def hold(self, uids: set[int]) -> list[Salvaged]:
+        """Take the sequences ``uids`` out between two steps, each with its own cache and
+        the token it had sampled but not reported (as :meth:`salvage` gives them back),
+        ready to be added again later (waits for the step in flight)."""
+        out = [Salvaged(seq) for seq in self._joining if seq.uid in uids]
+        self._joining = [seq for seq in self._joining if seq.uid not in uids]
+        rows = [i for i, s in enumerate(self.slots) if not s.left and s.seq.uid in uids]
+        if not rows:
+            return out
+        self._settle()
+        pending: list[int] = self._pending.tolist()
+        for i in rows:
+            slot = self.slots[i]
+            seq = slot.seq
+            seq.cache = [layer.extract(i) for layer in self.cache]
+            unreported: list[StepToken] = []
+            if slot.in_flight:
+                tok = int(pending[i])
+                seq.tokens.append(tok)
+                seq.next_token = tok
+                sampling = seq.request.sampling
+                if sampling.logprobs and self._pending_logprobs is not None:
+                    top = sampling.top_logprobs
+                    unreported = [token_with_logprobs(tok, self._pending_logprobs[i], top)]
+                else:
+                    unreported = [StepToken(tok)]
+            slot.left = True
+            out.append(Salvaged(seq, unreported))
+        self._compact()
         return out
 
     def step(self) -> dict[int, list[StepToken]]:

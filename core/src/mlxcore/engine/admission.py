@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from mlxcore.config import ServerConfig
@@ -63,6 +63,10 @@ class Admission:
     _waiting: collections.deque[RequestHandle]
     expired: int
     peak_reserved: int
+    _interactive_at: float = float("-inf")
+    """When an interactive (not background) request was last seen waiting or running."""
+    _pausing: bool = False
+    """Background requests are held back this round (:meth:`_background_pause`)."""
 
     def _drop_cancelled_waiting(self) -> None:
         """Requests cancelled while queued leave the queue at once."""
@@ -127,16 +131,21 @@ class Admission:
         The first that does not fit stops the round (nothing overtakes it for being
         smaller, so a long prompt is not starved)."""
         self._drop_cancelled_waiting()
+        now = time.monotonic()
+        held = self._background_held(loop, now)
         room = self.config.max_num_seqs - len(loop.live)
         if room <= 0 or not self._waiting:
+            self._pausing = held and all(self._is_background(h) for h in self._waiting)
             return []
         reserved = self._reserved(loop)
         taken: list[RequestHandle] = []
         left: set[int] = set()
-        order = admission_order(self._waiting, time.monotonic(), self.config.priority_aging)
+        order = admission_order(self._waiting, now, self.config.priority_aging)
         for handle in order:
             if room <= 0:
                 break
+            if held and self._is_background(handle):
+                continue  # idle capacity only: it waits, without holding up the others
             gone = adapter_missing(self.model, handle.request)
             if gone is not None:  # its LoRA adapter was unloaded while it waited
                 self._end(handle, "error", UNAVAILABLE, gone)
@@ -151,8 +160,42 @@ class Admission:
             room -= 1
         if left:
             self._waiting = collections.deque(h for h in self._waiting if id(h) not in left)
+        # an interactive request that could not start (no slot, no memory) gets the paused
+        # background rows' room back: they run (and end) again
+        self._pausing = held and all(self._is_background(h) for h in self._waiting)
         self.peak_reserved = max(self.peak_reserved, reserved)
         return taken
+
+    def _is_background(self, handle: RequestHandle) -> bool:
+        return (handle.request.priority or 0) >= self.config.background_priority
+
+    def _background_held(self, loop: BatchLoop, now: float) -> bool:
+        """Whether background requests (``--background-priority``) wait this round: an
+        interactive request is waiting or running, or was less than
+        ``--background-grace`` seconds ago (an agent's next turn comes right after its
+        last), so a batch starts no new line in front of it."""
+        if any(not self._is_background(h) for h in self._waiting) or any(
+            not self._is_background(live.handle) for live in list(loop.live.values())
+        ):
+            self._interactive_at = now
+        return now - self._interactive_at < self.config.background_grace
+
+    def _background_pause(self) -> Callable[[RequestHandle], bool] | None:
+        """Which running requests sit the next step out (``None``: none): the background
+        ones, while :meth:`_background_held` holds and no interactive request waits (the
+        decoder holds their caches; they go on where they stopped)."""
+        return self._is_background if self._pausing else None
+
+    def _held_wait(self, loop: BatchLoop, admitted: list[RequestHandle]) -> float:
+        """Seconds to sleep when the only work left is background work held back by
+        :meth:`_background_held`, waiting or paused (0: there is work to do)."""
+        if not self._pausing or admitted or loop.has_work():
+            return 0.0
+        if self.jobs.running is not None or self.jobs.waiting:
+            return 0.0
+        if not (self._waiting or loop.paused):
+            return 0.0
+        return max(0.005, self._interactive_at + self.config.background_grace - time.monotonic())
 
     def _fits(self, loop: BatchLoop, reserved: int) -> bool:
         budget = self.memory.kv_budget(held_bytes(loop))

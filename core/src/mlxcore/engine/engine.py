@@ -377,6 +377,10 @@ class Engine(Admission):
                         admitted = [] if self._stopping else self._take_waiting(loop)
                         if self.jobs.running is None and not self._stopping:
                             self._take_job(loop)
+                        held = self._held_wait(loop, admitted) if sync is None else 0.0
+                        if held:  # only background work, held back: nothing to step
+                            self._wake.wait(timeout=held)
+                            continue
                         waiting = list(self._waiting)
                 if idle and sync is not None:
                     if not self._pause(epoch, sync, loop):
@@ -386,7 +390,7 @@ class Engine(Admission):
                 try:
                     if sync is not None:
                         admitted = sync.lead(loop, admitted)
-                    loop.iterate(admitted)
+                    loop.iterate(admitted, self._background_pause() if sync is None else None)
                     self.jobs.step()
                     loop.prefetch(waiting)
                 except Exception as exc:

@@ -27,6 +27,21 @@ class Usage:
     """Of the completion tokens, those written inside the think block (set by the front
     end's output pipeline)."""
     extra: dict[str, Any] = attrs.field(factory=dict)
+    steps: list[EngineStep] = attrs.field(factory=list)
+    """The engine's timed work for this request (each prefill chunk), for observers
+    (:class:`~mlxcore.lifecycle.RequestRecord`); not part of the API's usage."""
+
+
+@attrs.frozen
+class EngineStep:
+    """One piece of engine work done for a request, timed in wall-clock nanoseconds
+    (``time.time_ns()``): ``name`` (``prefill_chunk``), its start and end, and figures
+    such as ``tokens`` (computed) and ``cached_tokens`` (reused before it)."""
+
+    name: str
+    start_ns: int
+    end_ns: int
+    figures: dict[str, int] = attrs.field(factory=dict)
 
 
 @attrs.define

@@ -24,12 +24,22 @@ from __future__ import annotations
 import collections
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from mlxcore.engine.admitted import AdmittedRequest, Parked, guard, unbuilt_sampler
 from mlxcore.engine.cache_explain import EXPLAIN_OPTION, CacheExplanation
-from mlxcore.engine.events import Event, FinishEvent, RequestHandle, TokenEvent, Usage, send
+from mlxcore.engine.events import (
+    EngineStep,
+    Event,
+    FinishEvent,
+    RequestHandle,
+    TokenEvent,
+    Usage,
+    send,
+)
 from mlxcore.engine.parts import EngineParts
+from mlxcore.engine.pausing import own_cache, pause_rows
 from mlxcore.engine.prefill_pacer import PrefillPacer
 from mlxcore.engine.prefill_plan import find_shared_prefix, plan_step
 from mlxcore.engine.quarantine import Quarantine
@@ -96,6 +106,8 @@ class BatchLoop:
         self.parked: list[Parked] = []
         self.quarantine = Quarantine()
         """Sequences held out of the batch while a failing step's cause is looked for."""
+        self.paused: dict[int, DecodeSequence] = {}
+        """Background sequences held out of the batch while interactive work runs."""
         self.shorts_in_a_row = 0
         self.prefetched: set[int] = set()
         self.abandoned = False
@@ -104,13 +116,22 @@ class BatchLoop:
     def __len__(self) -> int:
         return len(self.live)
 
+    def has_work(self) -> bool:
+        """Something to prefill or decode (paused sequences wait; they are not work)."""
+        return bool(self.prefilling or self.parked or len(self.decoder) or self.quarantine)
+
     # -- one iteration ---------------------------------------------------------
 
-    def iterate(self, admitted: list[RequestHandle]) -> None:
-        """Admit ``admitted``, do one step's prefill work, run one decode step."""
+    def iterate(
+        self, admitted: list[RequestHandle], pause: Callable[[RequestHandle], bool] | None = None
+    ) -> None:
+        """Admit ``admitted``, do one step's prefill work, run one decode step (``pause``:
+        which decoding requests sit this step out, see
+        :func:`~mlxcore.engine.pausing.pause_rows`)."""
         for handle in admitted:
             self.admit(handle)
         self.retire_cancelled()
+        pause_rows(self, pause)
         self.unpark()
         started = time.perf_counter()
         chunk = self.prefill_step() if self.prefilling else 0
@@ -306,6 +327,7 @@ class BatchLoop:
     def prefill_together(self, group: list[AdmittedRequest]) -> bool:
         """Prefill ``group`` in one batch; False (and each marked solo) if it failed."""
         tasks = [live.task for live in group if live.task is not None]
+        started = time.time_ns()
         try:
             results = self.prefill.prefill_batch(tasks)
             if len(results) != len(group):
@@ -319,6 +341,7 @@ class BatchLoop:
             self.prefilling.remove(live)
             self._close_prefill(live)
             self.prefilled(live, result)
+            self._timed_chunk(live, started, live.processed)
         return True
 
     def _close_prefill(self, live: AdmittedRequest) -> None:
@@ -335,8 +358,10 @@ class BatchLoop:
         assert live.prefill is not None and live.task is not None
         live.prefill_begun = True
         live.task.step_tokens = step_tokens
+        before, started = live.processed, time.time_ns()
         try:
             live.processed = int(next(live.prefill))
+            self._timed_chunk(live, started, live.processed - before)
             return False
         except StopIteration as done:
             result = done.value
@@ -346,7 +371,14 @@ class BatchLoop:
             return True
         self.prefilling.remove(live)
         self.prefilled(live, result)
+        self._timed_chunk(live, started, live.processed - before)
         return True
+
+    def _timed_chunk(self, live: AdmittedRequest, started: int, tokens: int) -> None:
+        """Note one prefill chunk of ``live`` (the tokens it computed; the prompt's reused
+        from the cache before any chunk)."""
+        figures = {"tokens": max(0, tokens), "cached_tokens": live.handle.cached_tokens}
+        live.usage.steps.append(EngineStep("prefill_chunk", started, time.time_ns(), figures))
 
     def prefill_whole(self, live: AdmittedRequest) -> None:
         """Run a short prompt's prefill to its end in this step."""
@@ -391,7 +423,7 @@ class BatchLoop:
         live.prefill = None
         live.seq = seq
         if self.emit(live, [first]):
-            self.retire(live, SequenceCache(seq.cache, len(seq.tokens) - 1))
+            self.retire(live, own_cache(seq))
             return
         try:
             self.decoder.add(seq)
@@ -434,7 +466,7 @@ class BatchLoop:
             rows = None
         self.decoder = self.parts.decoder()  # the failed one is not used again
         self.counters["decode_step_failures"] += 1
-        held = {seq.uid for group in self.quarantine.groups for seq in group}
+        held = {seq.uid for group in self.quarantine.groups for seq in group} | set(self.paused)
         if rows is None:
             log.error("decode step failed; failing the sequences in the batch", exc_info=exc)
             for live in decoding:
@@ -448,7 +480,7 @@ class BatchLoop:
                 continue
             owner.seq = item.seq
             if item.unreported and self.emit(owner, item.unreported):
-                self.retire(owner, SequenceCache(item.seq.cache, len(item.seq.tokens) - 1))
+                self.retire(owner, own_cache(item.seq))
             else:
                 survivors.append(item.seq)
         # nobody suspected failed anyway (the cause is not one sequence): suspect all again
@@ -492,7 +524,9 @@ class BatchLoop:
     def retire_cancelled(self) -> None:
         for uid, live in list(self.live.items()):
             if live.seq is not None and live.handle.cancel_reason is not None:
-                self.retire(live, self.decoder.remove(uid))
+                seq = self.paused.pop(uid, None)
+                own = self.decoder.remove(uid) if seq is None else own_cache(seq)
+                self.retire(live, own)
 
     def retire(self, live: AdmittedRequest, own: SequenceCache | None) -> None:
         """Finish ``live``; offer its cache for prefix reuse."""
@@ -540,6 +574,7 @@ class BatchLoop:
         self.prefilling.clear()
         self.parked.clear()
         self.quarantine.clear()
+        self.paused.clear()
 
     def send(self, handle: RequestHandle, event: Event) -> None:
         if not self.abandoned:

@@ -288,6 +288,9 @@ class PrefillStrategy(abc.ABC):
     """True when what the strategy does follows from the requests and the model alone (no
     clock, no measurements), so ranks of a distributed engine running it stay in step;
     ``--distributed`` refuses a strategy without it."""
+    supports_hold: ClassVar[bool] = False
+    """True when :meth:`hold` takes sequences out for a while (the engine pauses
+    background work with it while interactive requests run)."""
     supports_adapters: ClassVar[bool] = False
     """True when every forward pass goes through :func:`mlxcore.engine.adapters.forward`
     (each row under its request's LoRA adapter); the engine refuses to start a model with
@@ -407,6 +410,9 @@ class Decoder(abc.ABC):
     supports_kv_quantization: ClassVar[bool] = False
     """True when the decoder keeps attention caches quantized under ``--kv-cache-dtype``
     (see :mod:`mlxcore.engine.kv_quant`); the server refuses the flag otherwise."""
+    supports_hold: ClassVar[bool] = False
+    """True when :meth:`hold` takes sequences out for a while (the engine pauses
+    background work with it while interactive requests run)."""
     supports_adapters: ClassVar[bool] = False
     """True when every forward pass goes through :func:`mlxcore.engine.adapters.forward`
     (each row under its request's LoRA adapter); the engine refuses to start a model with
@@ -436,6 +442,13 @@ class Decoder(abc.ABC):
         tell what state the batch is in (the engine then fails the whole batch). The
         decoder is not used again afterwards. Default: ``None``."""
         return None
+
+    def hold(self, uids: set[int]) -> list[Salvaged]:
+        """Between steps, take the sequences ``uids`` out of the batch, each as
+        :meth:`salvage` gives them (its own cache holding all of ``seq.tokens`` but the
+        last, the tokens sampled but not reported yet), to be :meth:`add`-ed again later
+        and continue exactly as they would have. Only when :attr:`supports_hold`."""
+        raise NotImplementedError(f"the {self.name!r} decoder cannot hold sequences")
 
     def stats(self) -> dict[str, float]:
         """Decoder-specific counters for /metrics (e.g. acceptance rate)."""

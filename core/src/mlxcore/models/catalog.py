@@ -22,6 +22,10 @@ clients use)::
     source = "~/models/Qwen3-Embedding-0.6B"
     task = "embed"                        # serves /v1/embeddings only
     pooling = "last"                      # last token (default) or mean
+
+    [models.rerank]
+    source = "~/models/Qwen3-Reranker-0.6B"
+    task = "rerank"                       # serves /v1/rerank and /score (rerank plugin)
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ if TYPE_CHECKING:
     from mlxcore.config import ServerConfig
     from mlxcore.hooks import PluginHooks
 
-TASKS = ("generate", "embed")
+TASKS = ("generate", "embed", "rerank")
 POOLINGS = ("last", "mean")
 FLAG_ALIASES = {"context-length": "max-model-len"}
 """Friendlier names accepted in a models file for some flags."""
@@ -59,7 +63,8 @@ class CatalogEntry:
         plugins: plugins enabled for this model only (besides the server's).
         pinned: never unloaded to make room or when idle.
         idle_unload: seconds unused before it is unloaded (``None``: the server's).
-        task: ``generate`` (chat, completions...) or ``embed`` (``/v1/embeddings`` only).
+        task: ``generate`` (chat, completions...), ``embed`` (``/v1/embeddings`` only) or
+            ``rerank`` (``/v1/rerank`` and ``/score``, from the rerank plugin).
         pooling: how an embedding is taken from the hidden states: ``last`` or ``mean``.
         flags: this model's own command-line flags, e.g. ``("--max-num-seqs", "16")``.
     """

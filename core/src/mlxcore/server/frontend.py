@@ -18,6 +18,12 @@ from mlxcore.server.service import GenerationService
 
 T = TypeVar("T")
 
+TASK_ROUTES = {
+    "embed": "an embedding model: it serves /v1/embeddings only",
+    "rerank": "a reranker: it serves /v1/rerank and /score only",
+}
+"""What a model of each task other than ``generate`` answers, for the 400 elsewhere."""
+
 
 async def model_service(
     request: Request[Any, Any, Any], model: str | None, task: str | None = "generate"
@@ -29,10 +35,11 @@ async def model_service(
     svc = await router.service(model)
     if task is not None and svc.task != task:
         name = svc.names[0] if svc.names else model
+        serves = TASK_ROUTES.get(svc.task)
         raise APIError(
             400,
-            f"the model {name!r} is an embedding model: it serves /v1/embeddings only"
-            if svc.task == "embed"
+            f"the model {name!r} is {serves}"
+            if serves is not None
             else f"the model {name!r} does not serve this route",
             param="model",
             code="model_not_supported",

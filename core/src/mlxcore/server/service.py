@@ -316,6 +316,7 @@ class _Timeline:
             cached_tokens=usage.cached_tokens,
             completion_tokens=usage.completion_tokens,
             extra=dict(usage.extra),
+            steps=tuple(usage.steps),
         )
 
 

@@ -2,12 +2,14 @@
 
 A batch's input file is read line by line (never whole), each line sent through the
 server's own route in process (:func:`mlxcore.server.internal.internal_client`: the same
-validation and output pipeline as a client's request) at :data:`BATCH_PRIORITY`, so an
-interactive request waiting for a slot is admitted first; at most ``concurrency`` lines
-are in flight. Each result is appended to the batch's output or error file as it comes
-(flushed, one JSON line each), and the runner writes a ``custom_id`` at most once: after a
-crash or ``kill -9`` it reads back what the files hold (cutting a half-written last line)
-and sends only the lines not answered yet.
+validation and output pipeline as a client's request) at :data:`BATCH_PRIORITY`: the
+engine's background work (``--background-priority``), which starts only in idle capacity,
+once no interactive request has waited or run for ``--background-grace`` seconds; at most
+``concurrency`` lines are in flight. A line the server turns away as busy (503) is sent
+again after its ``Retry-After``. Each result is appended to the batch's output or error
+file as it comes (flushed, one JSON line each), and the runner writes a ``custom_id`` at
+most once: after a crash or ``kill -9`` it reads back what the files hold (cutting a
+half-written last line) and sends only the lines not answered yet.
 """
 
 from __future__ import annotations
@@ -27,7 +29,18 @@ from mlxcore_batch.store import EVERYONE, Store, new_id
 log = logging.getLogger("mlxcore.plugins.batch")
 
 BATCH_PRIORITY = 1_000_000
-"""Batch lines' request priority: after every interactive request (which default to 0)."""
+"""Batch lines' request priority: after every interactive request (which default to 0),
+and background work at the engine's default ``--background-priority``."""
+
+BUSY_STATUSES = frozenset({503})
+"""Answers that mean "not now" (the engine's queue full or waited too long): sent again."""
+
+MAX_RETRY_WAIT = 30.0
+"""Longest wait before sending a turned-away line again (seconds)."""
+
+MAX_BUSY_SECONDS = 3600.0
+"""How long a line is sent again while the server stays busy; then its last answer is
+its result (in the error file)."""
 
 MAX_ERRORS = 100
 """Most line errors a failed validation lists."""
@@ -111,6 +124,16 @@ def answered(path: Path) -> set[str]:
         if raw.strip():
             done.add(json.loads(raw)["custom_id"])
     return done
+
+
+def busy_retry_after(header: str | None) -> float:
+    """Seconds to wait after a busy answer: its ``Retry-After`` (seconds) within
+    [0.1, :data:`MAX_RETRY_WAIT`], 1 s when it gives none."""
+    try:
+        seconds = float(header) if header is not None else 1.0
+    except ValueError:
+        seconds = 1.0
+    return min(max(seconds, 0.1), MAX_RETRY_WAIT) if seconds == seconds else 1.0
 
 
 def request_body(endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -201,7 +224,10 @@ class Runner:
 
                 async def one(item: dict[str, Any]) -> None:
                     try:
-                        line, ok = await self._send(client, endpoint, item)
+                        sent = await self._send_until_taken(client, endpoint, item, batch)
+                        if sent is None:  # cancelled while the server was busy: not run
+                            return
+                        line, ok = sent
                         (out if ok else err).write(line + "\n")
                         (out if ok else err).flush()
                         counts["completed" if ok else "failed"] += 1
@@ -225,9 +251,30 @@ class Runner:
                     await asyncio.gather(*pending)
         self._save_counts(batch)
 
-    async def _send(self, client: Any, endpoint: str, item: dict[str, Any]) -> tuple[str, bool]:
-        """One line through the server's route: its result line and whether it is a 2xx."""
+    async def _send_until_taken(
+        self, client: Any, endpoint: str, item: dict[str, Any], batch: dict[str, Any]
+    ) -> tuple[str, bool] | None:
+        """:meth:`_send`, again after the server's ``Retry-After`` while it answers that
+        it is busy (a line waits in idle capacity, maybe past ``--max-queue-wait``: being
+        turned away is not the line's failure); ``None`` when the batch was cancelled
+        meanwhile."""
+        give_up = time.monotonic() + MAX_BUSY_SECONDS
+        while True:
+            line, ok, retry_after = await self._send(client, endpoint, item)
+            if retry_after is None or time.monotonic() + retry_after > give_up:
+                return line, ok  # answered, or busy for too long: the answer stands
+            await asyncio.sleep(retry_after)
+            if self._cancelled(batch):
+                return None
+
+    async def _send(
+        self, client: Any, endpoint: str, item: dict[str, Any]
+    ) -> tuple[str, bool, float | None]:
+        """One line through the server's route: its result line, whether it is a 2xx, and
+        the seconds to wait before sending it again when the server was too busy to take
+        it (``None``: it was answered)."""
         body = request_body(endpoint, item["body"])
+        retry_after: float | None = None
         try:
             answer = await client.post(endpoint, json=body)
             status = answer.status_code
@@ -236,6 +283,8 @@ class Runner:
             except ValueError:
                 payload = {"error": {"message": answer.text[:1000]}}
             request_id = answer.headers.get("x-request-id", "")
+            if status in BUSY_STATUSES:
+                retry_after = busy_retry_after(answer.headers.get("retry-after"))
         except Exception as exc:  # the route itself failed: the line fails, not the batch
             status, payload, request_id = 500, {"error": {"message": str(exc)}}, ""
         line = {
@@ -244,7 +293,7 @@ class Runner:
             "response": {"status_code": status, "request_id": request_id, "body": payload},
             "error": None,
         }
-        return json.dumps(line, ensure_ascii=False), 200 <= status < 300
+        return json.dumps(line, ensure_ascii=False), 200 <= status < 300, retry_after
 
     def _cancelled(self, batch: dict[str, Any]) -> bool:
         """Whether the batch was cancelled meanwhile (then it is marked so here too)."""

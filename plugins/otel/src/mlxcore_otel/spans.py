@@ -3,9 +3,11 @@
 One server span for the request (its parent: the caller's ``traceparent`` when given)
 and a child per step of its life: ``prepare`` (arrival to the engine's queue: rendering
 and tokenizing), ``queue`` (to admission), ``prefill`` (to the first token) and
-``decode`` (to the end). Steps a request never reached (cancelled in the queue, failed in
-the prefill) have no span. Times are the record's own, so the spans line up with the
-usage the client was given.
+``decode`` (to the end); under ``prefill``, a ``prefill.chunk`` span per piece of prefill
+work the engine did for it (``mlxcore.tokens`` computed, ``mlxcore.cached_tokens`` reused
+from the prefix cache; a short prompt prefilled with others is one). Steps a request
+never reached (cancelled in the queue, failed in the prefill) have no span. Times are the
+record's own, so the spans line up with the usage the client was given.
 """
 
 from __future__ import annotations
@@ -118,10 +120,25 @@ class Tracing:
             if start is None or end is None:
                 continue
             span = self.tracer.start_span(step, context=inside, start_time=start, attributes=extra)
+            if step == "prefill":
+                self._engine_steps(record, trace.set_span_in_context(span))
             span.end(end_time=max(start, end))
         if record.finish_reason == "error":
             root.set_status(Status(StatusCode.ERROR, "generation failed"))
         root.end(end_time=record.finished_ns)
+
+    def _engine_steps(self, record: RequestRecord, inside: Any) -> None:
+        """The engine's timed work (each prefill chunk) as spans under ``inside``."""
+        for index, step in enumerate(record.steps):
+            attributes = {f"mlxcore.{key}": value for key, value in step.figures.items()}
+            attributes["mlxcore.index"] = index
+            span = self.tracer.start_span(
+                "prefill.chunk" if step.name == "prefill_chunk" else step.name,
+                context=inside,
+                start_time=step.start_ns,
+                attributes=attributes,
+            )
+            span.end(end_time=max(step.start_ns, step.end_ns))
 
     def shutdown(self) -> None:
         """Export what is left and stop."""
