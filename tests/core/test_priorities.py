@@ -176,7 +176,8 @@ def test_background_work_pauses_while_an_interactive_request_runs(tiny_llama: Pa
 
 
 def test_each_prefill_chunk_is_timed_with_its_tokens(tiny_llama: Path) -> None:
-    """The engine notes every chunk of a long prompt's prefill (what tracing shows)."""
+    """The engine notes every chunk of a long prompt's prefill and tallies its decode
+    steps (what tracing shows)."""
     rt = make_runtime(tiny_llama, prefill_step_size=16)
     try:
         done: queue.SimpleQueue[Event] = queue.SimpleQueue()
@@ -187,8 +188,10 @@ def test_each_prefill_chunk_is_timed_with_its_tokens(tiny_llama: Path) -> None:
             event = done.get(timeout=60)
     finally:
         rt.engine.shutdown(timeout=5)
-    steps = event.usage.steps
+    *steps, decode = event.usage.steps
     assert len(steps) >= 100 // 16 and {s.name for s in steps} == {"prefill_chunk"}
+    assert decode.name == "decode" and decode.figures["tokens"] == 1  # the first: prefill's
+    assert steps[-1].end_ns <= decode.start_ns
     assert sum(s.figures["tokens"] for s in steps) == 100 - event.usage.cached_tokens
     for a, b in itertools.pairwise(steps):
         assert a.start_ns <= a.end_ns <= b.start_ns

@@ -217,3 +217,6 @@ def test_a_real_server_exports_one_trace_per_request(server: Server) -> None:
             assert values["gen_ai.usage.input_tokens"].int_value == usage.prompt_tokens
             assert values["gen_ai.usage.output_tokens"].int_value == usage.completion_tokens
             assert values["gen_ai.response.id"].string_value == answers[rid].id
+            decode = {a.key: a.value.int_value for a in children["decode"].attributes}
+            assert decode["mlxcore.decode_tokens"] == usage.completion_tokens - 1  # 1: prefill
+            assert 1 <= decode["mlxcore.decode_steps"] <= decode["mlxcore.decode_tokens"]

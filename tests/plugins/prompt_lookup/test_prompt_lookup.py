@@ -91,6 +91,11 @@ def test_greedy_output_is_the_plain_decoders_alone_together_and_cached(
     assert stats["speculative_accepted"] > 0  # drafts were verified and taken, not only proposed
     assert stats["speculative_drafted"] > stats["speculative_accepted"] or family != "tiny_qwen3_5"
     assert stats["speculative_plain_batch"] == 0  # all eight speculated together
+    # what tracing reports: each request's decode steps, some of them rounds that took drafts
+    tallies = [next(s for s in r.finish.usage.steps if s.name == "decode") for r in results]
+    for tally, res in zip(tallies, results, strict=True):
+        assert tally.figures["tokens"] == len(res.tokens) - 1  # the first came from prefill
+    assert sum(t.figures["multi_token_steps"] for t in tallies) > 0
 
 
 def test_a_request_can_turn_it_off(tiny_qwen3: Path, runtimes: Any) -> None:

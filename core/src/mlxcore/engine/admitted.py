@@ -10,7 +10,7 @@ from typing import Any
 
 import attrs
 
-from mlxcore.engine.events import RequestHandle, Usage
+from mlxcore.engine.events import EngineStep, RequestHandle, Usage
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.strategies import (
     DecodeSequence,
@@ -21,6 +21,31 @@ from mlxcore.engine.strategies import (
     StepToken,
 )
 from mlxcore.errors import MlxcoreError, RequestFault
+
+
+class DecodeTally:
+    """A request's decode steps: when the first began and the last ended (wall-clock
+    nanoseconds), how many, the tokens they gave it, and how many gave more than one (a
+    speculative decoder's rounds with accepted drafts)."""
+
+    def __init__(self, start_ns: int) -> None:
+        self.start_ns = start_ns
+        self.end_ns = start_ns
+        self.steps = 0
+        self.tokens = 0
+        self.multi_token_steps = 0
+
+    def add(self, end_ns: int, tokens: int) -> None:
+        """One more step, ended at ``end_ns``, that gave ``tokens`` tokens."""
+        self.end_ns = end_ns
+        self.steps += 1
+        self.tokens += tokens
+        self.multi_token_steps += tokens > 1
+
+    def as_step(self) -> EngineStep:
+        figures = {"steps": self.steps, "tokens": self.tokens}
+        figures["multi_token_steps"] = self.multi_token_steps
+        return EngineStep("decode", self.start_ns, self.end_ns, figures)
 
 
 @attrs.define(eq=False)
@@ -47,6 +72,8 @@ class AdmittedRequest:
     """Prompt tokens the prefill processed so far (after the cached ``task.start``)."""
     prompt_logprobs: list[StepToken] | None = None
     """Computed by the prefill, sent with the first tokens."""
+    decoding: DecodeTally | None = None
+    """Its decode steps so far (for observers: :class:`~mlxcore.engine.events.EngineStep`)."""
 
     @property
     def request(self) -> GenerationRequest:

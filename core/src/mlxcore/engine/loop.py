@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mlxcore.engine.admitted import AdmittedRequest, Parked, guard, unbuilt_sampler
+from mlxcore.engine.admitted import AdmittedRequest, DecodeTally, Parked, guard, unbuilt_sampler
 from mlxcore.engine.cache_explain import EXPLAIN_OPTION, CacheExplanation
 from mlxcore.engine.events import (
     EngineStep,
@@ -433,11 +433,13 @@ class BatchLoop:
     def decode_step(self) -> None:
         if self.quarantine and not len(self.decoder):
             self._rejoin()
+        started = time.time_ns()
         try:
             produced = self.decoder.step()
         except Exception as exc:
             self._step_failed(exc)
             return
+        ended = time.time_ns()
         if self.quarantine or self.quarantine.suspects is not None:
             self._rejoin()  # the step went through: the next held group may come back
         for uid, tokens in produced.items():
@@ -448,7 +450,7 @@ class BatchLoop:
             if live.failed is not None:
                 self.decoder.remove(uid)
                 self.fail(live, live.failed)
-            elif self.emit(live, tokens):
+            elif self.emit(live, tokens, (started, ended)):
                 self.retire(live, self.decoder.remove(uid))
 
     def _rejoin(self) -> None:
@@ -500,8 +502,11 @@ class BatchLoop:
         for seq in self.quarantine.split(suspects) if suspects else []:
             self.decoder.add(seq)
 
-    def emit(self, live: AdmittedRequest, tokens: list[StepToken]) -> bool:
-        """Send tokens to the client; True when the request is now finished."""
+    def emit(
+        self, live: AdmittedRequest, tokens: list[StepToken], step: tuple[int, int] | None = None
+    ) -> bool:
+        """Send tokens to the client; True when the request is now finished (``step``: the
+        decode step's start and end that gave them, for its tally)."""
         kept: list[StepToken] = []
         reason = None
         for tok in tokens:
@@ -514,6 +519,9 @@ class BatchLoop:
                 reason = "length"
                 break
         live.usage.completion_tokens = live.generated
+        if step is not None and kept:
+            live.decoding = live.decoding or DecodeTally(step[0])
+            live.decoding.add(step[1], len(kept))
         self.send(live.handle, TokenEvent(kept, live.prompt_logprobs))
         live.prompt_logprobs = None  # sent with the first tokens
         if reason is not None:
@@ -550,6 +558,8 @@ class BatchLoop:
         self.live.pop(live.handle.uid, None)
         if live.seq is not None:
             live.usage.extra.update(live.seq.usage)
+        if live.decoding is not None:
+            live.usage.steps.append(live.decoding.as_step())
         self.send(live.handle, FinishEvent(reason, live.usage, error, code))
 
     def fail(self, live: AdmittedRequest, exc: BaseException) -> None:

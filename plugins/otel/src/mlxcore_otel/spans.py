@@ -5,9 +5,12 @@ and a child per step of its life: ``prepare`` (arrival to the engine's queue: re
 and tokenizing), ``queue`` (to admission), ``prefill`` (to the first token) and
 ``decode`` (to the end); under ``prefill``, a ``prefill.chunk`` span per piece of prefill
 work the engine did for it (``mlxcore.tokens`` computed, ``mlxcore.cached_tokens`` reused
-from the prefix cache; a short prompt prefilled with others is one). Steps a request
-never reached (cancelled in the queue, failed in the prefill) have no span. Times are the
-record's own, so the spans line up with the usage the client was given.
+from the prefix cache; a short prompt prefilled with others is one); on ``decode``, the
+engine's decode steps for it (``mlxcore.decode_steps``, ``mlxcore.decode_tokens``,
+``mlxcore.decode_multi_token_steps``: a speculative decoder's rounds that accepted
+drafts). Steps a request never reached (cancelled in the queue, failed in the prefill)
+have no span. Times are the record's own, so the spans line up with the usage the client
+was given.
 """
 
 from __future__ import annotations
@@ -58,6 +61,15 @@ def attributes(record: RequestRecord) -> dict[str, Any]:
             if isinstance(value, bool | int | float | str):
                 out[f"mlxcore.cache.{key}"] = value
     return out
+
+
+def decode_figures(record: RequestRecord) -> dict[str, Any]:
+    """The decode span's step figures: how many decode steps gave the request tokens, and
+    of those how many gave more than one (speculative rounds with accepted drafts)."""
+    for step in record.steps:
+        if step.name == "decode":
+            return {f"mlxcore.decode_{key}": value for key, value in step.figures.items()}
+    return {}
 
 
 class Tracing:
@@ -122,6 +134,8 @@ class Tracing:
             span = self.tracer.start_span(step, context=inside, start_time=start, attributes=extra)
             if step == "prefill":
                 self._engine_steps(record, trace.set_span_in_context(span))
+            if step == "decode":
+                span.set_attributes(decode_figures(record))
             span.end(end_time=max(start, end))
         if record.finish_reason == "error":
             root.set_status(Status(StatusCode.ERROR, "generation failed"))
@@ -129,11 +143,12 @@ class Tracing:
 
     def _engine_steps(self, record: RequestRecord, inside: Any) -> None:
         """The engine's timed work (each prefill chunk) as spans under ``inside``."""
-        for index, step in enumerate(record.steps):
+        chunks = [step for step in record.steps if step.name == "prefill_chunk"]
+        for index, step in enumerate(chunks):
             attributes = {f"mlxcore.{key}": value for key, value in step.figures.items()}
             attributes["mlxcore.index"] = index
             span = self.tracer.start_span(
-                "prefill.chunk" if step.name == "prefill_chunk" else step.name,
+                "prefill.chunk",
                 context=inside,
                 start_time=step.start_ns,
                 attributes=attributes,
