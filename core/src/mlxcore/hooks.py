@@ -165,6 +165,11 @@ class PluginHooks:
         is a :class:`PluginError`."""
         self._call("mlxcore_validate_options", options=options, config=config)
 
+    def model_architectures(self) -> frozenset[str]:
+        """Architectures the plugins load without mlx-lm (``mlxcore_model_architectures``)."""
+        answers = self._call("mlxcore_model_architectures")
+        return frozenset(name for names in answers.values() for name in names)
+
     def request_options(self) -> frozenset[str]:
         """Every request field the plugins declared they read (``mlxcore_request_options``)."""
         answers = self._call("mlxcore_request_options")

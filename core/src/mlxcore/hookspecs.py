@@ -143,6 +143,22 @@ def mlxcore_load_model(model: ResolvedModel, config: ServerConfig) -> LoadedMode
 
 
 @hookspec
+def mlxcore_model_architectures() -> list[str] | None:
+    """Name the checkpoint architectures (``config.json``'s ``architectures`` entries)
+    that this plugin's :func:`mlxcore_load_model` loads although mlx-lm has no module for
+    them, so the model folder check before loading accepts them.
+
+    When: once per model, before its folder is checked and loaded.
+
+    Example::
+
+        @hookimpl
+        def mlxcore_model_architectures():
+            return ["BertForSequenceClassification"]
+    """
+
+
+@hookspec
 def mlxcore_patch_model(model: Any, info: ModelInfo, config: ServerConfig) -> None:
     """Adjust a freshly loaded model in place (attach an MTP head, fix a cache bug).
 

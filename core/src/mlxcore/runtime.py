@@ -113,8 +113,11 @@ class Runtime:
         )
 
 
-def resolve_model_path(model_arg: str | None) -> tuple[str, Any]:
-    """The model argument (or the embedded default) resolved to a local folder."""
+def resolve_model_path(
+    model_arg: str | None, architectures: frozenset[str] = frozenset()
+) -> tuple[str, Any]:
+    """The model argument (or the embedded default) resolved to a local folder
+    (``architectures``: those plugins load without mlx-lm, accepted by the check)."""
     from mlxcore.models.default import ensure_default_model
     from mlxcore.models.resolve import resolve_model
 
@@ -123,7 +126,7 @@ def resolve_model_path(model_arg: str | None) -> tuple[str, Any]:
         log.info("no model given: serving the embedded default")
         log.debug("embedded default model folder: %s", path)
         return str(path), resolve_model(str(path))
-    return model_arg, resolve_model(model_arg)
+    return model_arg, resolve_model(model_arg, architectures=architectures)
 
 
 def materialize(obj: Any) -> None:
@@ -179,7 +182,7 @@ def build_runtime(
     rank's share of it."""
     from mlxcore.models.loader import load_model
 
-    _, resolved = resolve_model_path(config.model)
+    _, resolved = resolve_model_path(config.model, hooks.model_architectures())
     loaded = hooks.load_model(resolved, config) or load_model(resolved, lazy=split is not None)
     if split is not None:
         split(loaded.model)

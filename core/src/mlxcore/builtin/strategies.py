@@ -11,15 +11,11 @@ from mlxcore import hookimpl
 from mlxcore.config import ServerConfig
 from mlxcore.defaults.chunked_prefill import BATCH_OPTION, ChunkedPrefill
 from mlxcore.defaults.decoder import PlainDecoder
-from mlxcore.defaults.prefix_cache import LRUPrefixCache
+from mlxcore.defaults.prefix_cache import LRUPrefixCache, NoPrefixCache
 from mlxcore.defaults.radix_cache import prefix_cache_for
 from mlxcore.engine.cache_explain import EXPLAIN_OPTION
 from mlxcore.engine.kv_quant import KVQuantization
-from mlxcore.engine.strategies import (
-    CacheStrategy,
-    Decoder,
-    PrefillStrategy,
-)
+from mlxcore.engine.strategies import CacheStrategy, Decoder, PrefillStrategy, generates
 from mlxcore.errors import OptionError
 from mlxcore.model_info import ModelInfo
 
@@ -57,6 +53,8 @@ def mlxcore_cache_strategy(
     """The default: a radix-tree prefix cache of ``--prefix-cache-size`` (``radix``);
     ``--cache-strategy lru`` picks whole entries in mlx-lm's LRU instead, the only choice
     for models whose cache cannot be cut into segments."""
+    if not generates(model):
+        return [NoPrefixCache()]
     if config.cache_strategy == LRUPrefixCache.name:
         return [LRUPrefixCache(model, size=config.prefix_cache_size)]
     return [prefix_cache_for(model, config.prefix_cache_size)]

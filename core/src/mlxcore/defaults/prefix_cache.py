@@ -310,3 +310,16 @@ class LRUPrefixCache(CacheStrategy):
         return self.counter.stats(
             entries=len(self.lru), nbytes=self.lru.nbytes, capacity_bytes=self.lru.max_bytes
         )
+
+
+class NoPrefixCache(CacheStrategy):
+    """No prefix reuse: for a model that does not generate (a plugin's encoder, with
+    ``mlxcore_task`` other than ``generate``), which has no cache to keep."""
+
+    name = "none"
+
+    def lookup(self, tokens: Sequence[int]) -> CacheLookup:
+        return CacheLookup([])
+
+    def store(self, tokens: Sequence[int], cache: LayerCache) -> None:
+        return None

@@ -26,6 +26,8 @@ import attrs
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
 
+from mlxcore.engine.strategies import generates
+
 log = logging.getLogger(__name__)
 
 
@@ -106,7 +108,10 @@ def cache_cost(model: Any) -> tuple[int, int]:
     """What a cache of ``model`` costs, measured with one token: bytes per token of
     context (attention keys and values), and bytes that do not grow with the context
     (recurrent layers' state, as in Qwen3.5's linear-attention layers; every stored
-    entry holds it once)."""
+    entry holds it once). A model that does not generate (a plugin's encoder, its
+    ``mlxcore_task`` other than ``generate``) keeps no cache: nothing."""
+    if not generates(model):
+        return 0, 0
     cache = make_prompt_cache(model)
     model(mx.array([[0]]), cache=cache)
     per_token = fixed = 0

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import struct
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +23,20 @@ logger = logging.getLogger(__name__)
 _MAX_HEADER_BYTES = 100 * 1024 * 1024
 
 
-def check_model_folder(path: Path, *, check_memory: bool = True) -> dict[str, Any]:
-    """Check an MLX/HF folder without loading tensors; return its ``config.json``.
+def check_model_folder(
+    path: Path, *, check_memory: bool = True, architectures: Collection[str] = ()
+) -> dict[str, Any]:
+    """Check an MLX/HF folder without loading tensors; return its ``config.json``
+    (``architectures``: ones a plugin loads, accepted without an mlx-lm module).
 
     Raises:
         ModelLoadError: missing config, unsupported architecture, missing or corrupt
             safetensors, or weights too large for this machine's memory.
     """
     config = read_config(path)
-    mlx_module_for(config, path)
+    listed = config.get("architectures") or ()
+    if not (isinstance(listed, list) and set(listed) & set(architectures)):
+        mlx_module_for(config, path)
     files = sorted(path.glob("model*.safetensors"))  # what mlx-lm loads
     if not files:
         raise ModelLoadError(f"no model*.safetensors weight files in model folder {path}")

@@ -18,6 +18,7 @@ import re
 import shutil
 import struct
 import tempfile
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,7 @@ def resolve_model(
     cache_dir: Path | None = None,
     gguf_dtype: str | None = None,
     check_memory: bool = True,
+    architectures: Collection[str] = (),
 ) -> ResolvedModel:
     """Resolve ``arg`` (folder, ``owner/name`` repo id or ``.gguf`` file) to a local folder.
 
@@ -93,6 +95,8 @@ def resolve_model(
         gguf_dtype: the storage type for a GGUF conversion (see :func:`convert_gguf`).
         check_memory: refuse weights that clearly do not fit in memory
             (also disabled by ``MLXCORE_SKIP_MEMORY_CHECK=1``).
+        architectures: checkpoint architectures that plugins load without mlx-lm
+            (``mlxcore_model_architectures``): accepted by the folder check.
 
     Raises:
         ModelLoadError: naming the path or repo, when the model cannot be made available.
@@ -107,10 +111,10 @@ def resolve_model(
             raise ModelLoadError(f"model folder {path} does not exist")
         if not path.is_dir():
             raise ModelLoadError(f"{path} is not a model folder nor a .gguf file")
-        check_model_folder(path, check_memory=check_mem)
+        check_model_folder(path, check_memory=check_mem, architectures=architectures)
         return ResolvedModel(path=path.resolve(), source=source, kind="folder")
     folder = _download_repo(source)
-    check_model_folder(folder, check_memory=check_mem)
+    check_model_folder(folder, check_memory=check_mem, architectures=architectures)
     return ResolvedModel(path=folder, source=source, kind="hf")
 
 

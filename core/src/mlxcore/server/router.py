@@ -243,7 +243,7 @@ class ModelRouter:
             seconds = time.perf_counter() - started
             entry = slot.spec.entry
             slot.service = GenerationService(
-                runtime, self.metrics, entry.names, entry.task, entry.pooling
+                runtime, self.metrics, entry.names, task_of(entry.task, runtime), entry.pooling
             )
             slot.footprint = parameter_bytes(runtime.model)
             slot.state, slot.error, slot.loads = LOADED, "", slot.loads + 1
@@ -321,7 +321,7 @@ class ModelRouter:
         :meth:`start`."""
         entry = slot.spec.entry
         slot.service = GenerationService(
-            runtime, self.metrics, entry.names, entry.task, entry.pooling
+            runtime, self.metrics, entry.names, task_of(entry.task, runtime), entry.pooling
         )
         slot.footprint = parameter_bytes(runtime.model)
         slot.state, slot.loads, slot.last_used = LOADED, slot.loads + 1, time.monotonic()
@@ -398,7 +398,7 @@ class ModelRouter:
             "state": slot.state,
             "context_length": context,
             "aliases": list(slot.spec.entry.aliases),
-            "task": slot.spec.entry.task,
+            "task": slot.service.task if slot.service is not None else slot.spec.entry.task,
             "pinned": slot.pinned,
             # the weights' bytes: measured once loaded, estimated from the files before
             "memory_bytes": slot.footprint,
@@ -486,3 +486,11 @@ def _no_memory(slot: ModelSlot, budget: int, held: int, why: str) -> APIError:
         param="model",
         headers={"Retry-After": "5"},
     )
+
+
+def task_of(configured: str, runtime: Runtime) -> str:
+    """The task a loaded model serves: its own when the model says it can do only one
+    (a plugin's model class with ``mlxcore_task``, e.g. a cross-encoder: ``rerank``),
+    else the one configured for it."""
+    own = getattr(runtime.model, "mlxcore_task", None)
+    return own if isinstance(own, str) else configured

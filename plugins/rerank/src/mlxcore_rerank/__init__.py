@@ -1,9 +1,10 @@
 """mlxcore plugin ``rerank``: ``/v1/rerank`` (Cohere/Jina shape, also ``/rerank`` and
 ``/v2/rerank``) and vLLM's ``/score`` (also ``/v1/score``) for models served as rerankers
 (``task = "rerank"`` in a models file): a decoder model's yes/no answer to "does this
-document meet the query?" (the Qwen3-Reranker recipe, :mod:`mlxcore_rerank.scoring`),
-computed by the engine as a job between decode steps, under the memory budget. See
-docs/plugins/rerank.md.
+document meet the query?" (the Qwen3-Reranker recipe, :mod:`mlxcore_rerank.scoring`), or
+a BERT cross-encoder's classifier (:mod:`mlxcore_rerank.cross_encoder`, which this plugin
+also loads), computed by the engine as a job between decode steps, under the memory
+budget. See docs/plugins/rerank.md.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 from mlxcore import hookimpl
 from mlxcore.config import ServerConfig
+from mlxcore.models.loader import LoadedModel
 
 
 @hookimpl
@@ -20,3 +22,19 @@ def mlxcore_routes(config: ServerConfig) -> list[Any]:
     from mlxcore_rerank.routes import rerank, score
 
     return [rerank, score]
+
+
+@hookimpl
+def mlxcore_load_model(model: Any, config: ServerConfig) -> LoadedModel | None:
+    """Load BERT cross-encoder checkpoints; pass on every other model."""
+    from mlxcore_rerank.loading import load_cross_encoder_model
+
+    return load_cross_encoder_model(model.path, model.source)
+
+
+@hookimpl
+def mlxcore_model_architectures() -> list[str]:
+    """The cross-encoder checkpoints this plugin loads."""
+    from mlxcore_rerank.cross_encoder import ARCHITECTURES
+
+    return sorted(ARCHITECTURES)

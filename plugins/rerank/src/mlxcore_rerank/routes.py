@@ -3,8 +3,9 @@ vLLM, llama-server and oMLX accept) and vLLM's ``/score`` (also ``/v1/score``), 
 models served with ``task = "rerank"``.
 
 Both validate everything and tokenize every pair (off the event loop) before the engine
-runs the forward passes as one job between its decode steps (:mod:`.scoring`); a client
-that hangs up stops the job at its next pass.
+runs the forward passes as one job between its decode steps (:mod:`.scoring` for decoder
+rerankers, :mod:`.cross_encoder` for BERT cross-encoders); a client that hangs up stops
+the job at its next pass.
 """
 
 from __future__ import annotations
@@ -12,14 +13,14 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any
 
 import msgspec
 from litestar import Request, post
 
 from mlxcore.engine.engine import EngineOverloaded, EngineUnavailable
-from mlxcore.request_builder import check_prompt_size
+from mlxcore.request_builder import MAX_CHARS_PER_TOKEN, check_prompt_size
 from mlxcore.server.errors import APIError, invalid, overloaded
 from mlxcore.server.frontend import decode_body, model_service, served_name, unless_disconnected
 from mlxcore.server.openapi import (
@@ -34,6 +35,7 @@ from mlxcore.server.openapi import (
     reply,
 )
 from mlxcore.server.service import GenerationService
+from mlxcore_rerank.cross_encoder import CrossEncoder, cross_bytes, cross_pieces, pair_features
 from mlxcore_rerank.scoring import Answers, RerankError, pair_tokens, score_bytes, score_pieces
 
 MAX_DOCUMENTS = 1000
@@ -132,21 +134,30 @@ async def _scores(
     max_document_tokens: int | None,
 ) -> tuple[list[float], int]:
     """The scores of ``pairs`` (query, document) and the tokens they took."""
-    for (query, document), field in zip(pairs, fields, strict=True):
-        check_prompt_size(svc.runtime, len(query) + len(document), field)
-    try:
-        answers = Answers.of(svc.runtime.tokenizer)
-    except RerankError as exc:
-        raise invalid(str(exc), "model") from None
     keep = max_document_tokens or DEFAULT_DOCUMENT_TOKENS
-    inputs = await svc.prepare(_tokenize, svc, pairs, fields, instruction, keep)
+    query_field = "text_1" if fields and fields[0].startswith("text_") else "query"
+    for query in {query for query, _ in pairs}:
+        check_prompt_size(svc.runtime, len(query), query_field)
+    # documents are cut to ``keep`` tokens: what lies past their first ``keep`` tokens'
+    # longest possible text is never tokenized
+    most = keep * MAX_CHARS_PER_TOKEN
+    pairs = [(query, document[:most]) for query, document in pairs]
     model = svc.runtime.model
+    work: Callable[[], Any]
+    if isinstance(model, CrossEncoder):
+        features = await svc.prepare(_features, svc, pairs, keep)
+        tokens = sum(len(ids) for ids, _ in features)
+        work, cost = (lambda: cross_pieces(model, features)), cross_bytes(model, features)
+    else:
+        try:
+            answers = Answers.of(svc.runtime.tokenizer)
+        except RerankError as exc:
+            raise invalid(str(exc), "model") from None
+        inputs = await svc.prepare(_tokenize, svc, pairs, fields, instruction, keep)
+        tokens = sum(len(ids) for ids in inputs)
+        work, cost = (lambda: score_pieces(model, inputs, answers)), score_bytes(model, inputs)
     try:
-        job = svc.runtime.engine.submit_job(
-            "rerank",
-            lambda: score_pieces(model, inputs, answers),
-            score_bytes(model, inputs),
-        )
+        job = svc.runtime.engine.submit_job("rerank", work, cost)
     except (EngineOverloaded, EngineUnavailable) as exc:
         svc.metrics.rejected.labels(reason="overloaded").inc()
         raise overloaded(str(exc)) from None
@@ -158,7 +169,17 @@ async def _scores(
         raise overloaded(str(exc)) from None
     finally:
         job.cancel()  # a no-op once it ended; stops it when the client went away
-    return scores, sum(len(ids) for ids in inputs)
+    return scores, tokens
+
+
+def _features(
+    svc: GenerationService, pairs: Sequence[tuple[str, str]], max_document_tokens: int
+) -> list[tuple[list[int], list[int]]]:
+    """A cross-encoder's token and segment ids for each pair (documents cut to fit)."""
+    model = svc.runtime.model
+    limit = min(model.max_tokens, svc.context_length or model.max_tokens)
+    tokenizer = svc.runtime.tokenizer
+    return [pair_features(tokenizer, q, d, limit, max_document_tokens) for q, d in pairs]
 
 
 @post(

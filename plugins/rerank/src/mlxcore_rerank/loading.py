@@ -1,0 +1,31 @@
+"""A cross-encoder checkpoint as a model the server serves (its tokenizer wrapped as
+mlx-lm's, its :class:`~mlxcore.model_info.ModelInfo` built as for any model)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from mlxcore.errors import ModelLoadError
+from mlxcore.models.loader import LoadedModel, describe_model
+from mlxcore_rerank.cross_encoder import is_cross_encoder, load_cross_encoder, read_config
+
+log = logging.getLogger("mlxcore.plugins.rerank")
+
+
+def load_cross_encoder_model(path: Path, source: str = "") -> LoadedModel | None:
+    """The cross-encoder in ``path``, or ``None`` when it holds another kind of model."""
+    config = read_config(path)
+    if not is_cross_encoder(config):
+        return None
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+    from transformers import AutoTokenizer
+
+    try:
+        model = load_cross_encoder(path, config)
+        tokenizer = TokenizerWrapper(AutoTokenizer.from_pretrained(str(path)))
+    except Exception as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+        raise ModelLoadError(f"cannot load cross-encoder {path}: {reason}") from exc
+    log.info("loaded cross-encoder %s (%s)", source or path, config.get("model_type"))
+    return LoadedModel(model, tokenizer, describe_model(path, config, tokenizer, source=source))

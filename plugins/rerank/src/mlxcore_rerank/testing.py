@@ -1,0 +1,66 @@
+"""A small BERT cross-encoder for tests, built here: a WordPiece tokenizer trained on a
+few sentences (BERT's own algorithm and special tokens, through ``tokenizers``) and a
+``BertForSequenceClassification`` checkpoint with seeded random weights, saved under the
+names a Hugging Face checkpoint uses."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+CORPUS = [
+    "Paris is the capital of France and its largest city.",
+    "The Eiffel Tower stands in Paris on the river Seine.",
+    "Bananas are rich in potassium and grow in warm countries.",
+    "Berlin is the capital of Germany; Madrid that of Spain.",
+    "Which city is the capital of France? Which river runs through it?",
+    "Cells make energy in their mitochondria; plants use light.",
+]
+
+
+def build_cross_encoder(folder: Path, seed: int = 0, *, labels: int = 1) -> Path:
+    """Write the test cross-encoder into ``folder`` (created) and return it."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from tokenizers import BertWordPieceTokenizer
+    from tokenizers.processors import TemplateProcessing
+    from transformers import PreTrainedTokenizerFast
+
+    from mlxcore_rerank.cross_encoder import CrossEncoder
+
+    folder.mkdir(parents=True, exist_ok=True)
+    words = BertWordPieceTokenizer(lowercase=True)
+    words.train_from_iterator(CORPUS * 4, vocab_size=400, min_frequency=1)
+    special = [(name, words.token_to_id(name)) for name in ("[CLS]", "[SEP]")]
+    words.post_processor = TemplateProcessing(  # BERT's: [CLS] A [SEP] B [SEP], segments 0/1
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=special
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=words._tokenizer,
+        unk_token="[UNK]",
+        sep_token="[SEP]",
+        cls_token="[CLS]",
+        pad_token="[PAD]",
+        mask_token="[MASK]",
+    )
+    tokenizer.save_pretrained(str(folder))
+    config = {
+        "architectures": ["BertForSequenceClassification"],
+        "model_type": "bert",
+        "vocab_size": tokenizer.vocab_size,
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 128,
+        "max_position_embeddings": 128,
+        "type_vocab_size": 2,
+        "layer_norm_eps": 1e-12,
+        "id2label": {str(i): f"LABEL_{i}" for i in range(labels)},
+        "pad_token_id": 0,
+    }
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    mx.random.seed(seed)
+    model = CrossEncoder(config)
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(folder / "model.safetensors"), weights)
+    return folder
