@@ -18,8 +18,18 @@ CORPUS = [
 ]
 
 
-def build_cross_encoder(folder: Path, seed: int = 0, *, labels: int = 1) -> Path:
-    """Write the test cross-encoder into ``folder`` (created) and return it."""
+TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "intermediate_size": 128, "max_position_embeddings": 128}  # fmt: skip
+MINILM_L6 = {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12,
+             "intermediate_size": 1536, "max_position_embeddings": 512}  # fmt: skip
+"""The shape of the ms-marco MiniLM-L6 cross-encoders (for speed measurements)."""
+
+
+def build_cross_encoder(
+    folder: Path, seed: int = 0, *, labels: int = 1, shape: dict[str, int] | None = None
+) -> Path:
+    """Write a cross-encoder of ``shape`` (default: tiny) into ``folder`` (created) and
+    return it."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from tokenizers import BertWordPieceTokenizer
@@ -48,11 +58,7 @@ def build_cross_encoder(folder: Path, seed: int = 0, *, labels: int = 1) -> Path
         "architectures": ["BertForSequenceClassification"],
         "model_type": "bert",
         "vocab_size": tokenizer.vocab_size,
-        "hidden_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "intermediate_size": 128,
-        "max_position_embeddings": 128,
+        **(shape or TINY),
         "type_vocab_size": 2,
         "layer_norm_eps": 1e-12,
         "id2label": {str(i): f"LABEL_{i}" for i in range(labels)},
