@@ -26,7 +26,7 @@ from mlx_lm import load
 
 from mlxcore.testing.server import ServerPool
 from mlxcore_rerank.cross_encoder import cross_pieces, pair_features
-from mlxcore_rerank.loading import load_cross_encoder_model
+from mlxcore_rerank.loading import load_encoder_model
 from mlxcore_rerank.scoring import Answers, pair_tokens, score_pieces
 from mlxcore_rerank.testing import MINILM_L6, build_cross_encoder
 
@@ -40,7 +40,7 @@ def documents(n: int, words: int, seed: int) -> list[str]:
 
 def local_scorer(model_path: str) -> Callable[[str, list[str]], object]:
     """The same scoring in process, without the server: tokenize and run every pass."""
-    cross = load_cross_encoder_model(Path(model_path))
+    cross = load_encoder_model(Path(model_path))
     if cross is not None:
         model, tokenizer = cross.model, cross.tokenizer
 

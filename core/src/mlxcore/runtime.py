@@ -79,8 +79,14 @@ class Runtime:
         from mlxcore.embeddings import embedding_pieces, forward_bytes
 
         model, rows = self.model, [list(ids) for ids in inputs]
+        # a plugin's model that embeds its own way (a BERT encoder) says how
+        pieces = getattr(model, "mlxcore_embedding_pieces", None)
 
         def work() -> Generator[None, None, list[list[float]]]:
+            if pieces is not None:
+                out: Generator[None, None, list[list[float]]]
+                out = pieces(rows, pooling=pooling, dimensions=dimensions)
+                return out
             return embedding_pieces(model, rows, pooling=pooling, dimensions=dimensions)
 
         return self.engine.submit_job("embedding", work, forward_bytes(model, rows))

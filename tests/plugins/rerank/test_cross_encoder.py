@@ -20,7 +20,7 @@ from mlxcore.models.resolve import resolve_model
 from mlxcore.testing.server import Server, ServerFactory
 from mlxcore_rerank import mlxcore_model_architectures
 from mlxcore_rerank.cross_encoder import CrossEncoder, cross_pieces, pair_features
-from mlxcore_rerank.loading import load_cross_encoder_model
+from mlxcore_rerank.loading import load_encoder_model
 from mlxcore_rerank.testing import build_cross_encoder
 
 QUERY = "Which city is the capital of France?"
@@ -54,14 +54,14 @@ def run(pieces: Any) -> list[float]:
 
 @pytest.fixture(scope="module")
 def expected(folder: Path) -> list[float]:
-    loaded = load_cross_encoder_model(folder)
+    loaded = load_encoder_model(folder)
     assert loaded is not None
     features = [pair_features(loaded.tokenizer, QUERY, d, 128, None) for d in DOCUMENTS]
     return [alone(loaded.model, ids, types) for ids, types in features]
 
 
 def test_batched_scores_equal_each_pair_alone(folder: Path, expected: list[float]) -> None:
-    loaded = load_cross_encoder_model(folder)
+    loaded = load_encoder_model(folder)
     assert loaded is not None and isinstance(loaded.model, CrossEncoder)
     assert loaded.info.model_type == "bert"
     features = [pair_features(loaded.tokenizer, QUERY, d, 128, None) for d in DOCUMENTS]
@@ -76,7 +76,7 @@ def test_batched_scores_equal_each_pair_alone(folder: Path, expected: list[float
 
 
 def test_a_long_document_is_cut_to_the_models_positions(folder: Path) -> None:
-    loaded = load_cross_encoder_model(folder)
+    loaded = load_encoder_model(folder)
     assert loaded is not None
     ids, types = pair_features(loaded.tokenizer, QUERY, "Paris " * 500, 128, None)
     assert len(ids) == len(types) == 128
@@ -87,7 +87,7 @@ def test_a_long_document_is_cut_to_the_models_positions(folder: Path) -> None:
 
 
 def test_other_checkpoints_are_left_to_the_other_loaders(tiny_qwen3: Path) -> None:
-    assert load_cross_encoder_model(tiny_qwen3) is None
+    assert load_encoder_model(tiny_qwen3) is None
 
 
 def test_the_folder_check_accepts_what_the_plugin_loads(folder: Path) -> None:
@@ -96,7 +96,7 @@ def test_the_folder_check_accepts_what_the_plugin_loads(folder: Path) -> None:
     with pytest.raises(ModelLoadError, match="unsupported architecture 'bert'"):
         resolve_model(str(folder))
     names = mlxcore_model_architectures()
-    assert names == ["BertForSequenceClassification"]
+    assert names == ["BertForSequenceClassification", "BertModel"]
     assert resolve_model(str(folder), architectures=names).path == folder.resolve()
 
 

@@ -4,7 +4,9 @@
 document meet the query?" (the Qwen3-Reranker recipe, :mod:`mlxcore_rerank.scoring`), or
 a BERT cross-encoder's classifier (:mod:`mlxcore_rerank.cross_encoder`, which this plugin
 also loads), computed by the engine as a job between decode steps, under the memory
-budget. See docs/plugins/rerank.md.
+budget. It also loads BERT embedding models for ``/v1/embeddings``
+(:mod:`mlxcore_rerank.encoder`): mlx-embeddings' encoder, the same loader. See
+docs/plugins/rerank.md.
 """
 
 from __future__ import annotations
@@ -26,15 +28,16 @@ def mlxcore_routes(config: ServerConfig) -> list[Any]:
 
 @hookimpl
 def mlxcore_load_model(model: Any, config: ServerConfig) -> LoadedModel | None:
-    """Load BERT cross-encoder checkpoints; pass on every other model."""
-    from mlxcore_rerank.loading import load_cross_encoder_model
+    """Load BERT cross-encoders and embedding models; pass on every other model."""
+    from mlxcore_rerank.loading import load_encoder_model
 
-    return load_cross_encoder_model(model.path, model.source)
+    return load_encoder_model(model.path, model.source)
 
 
 @hookimpl
 def mlxcore_model_architectures() -> list[str]:
-    """The cross-encoder checkpoints this plugin loads."""
-    from mlxcore_rerank.cross_encoder import ARCHITECTURES
+    """The BERT checkpoints this plugin loads (cross-encoders, embedding models)."""
+    from mlxcore_rerank.cross_encoder import ARCHITECTURES as CROSS_ENCODERS
+    from mlxcore_rerank.encoder import ARCHITECTURES as ENCODERS
 
-    return sorted(ARCHITECTURES)
+    return sorted(CROSS_ENCODERS | ENCODERS)

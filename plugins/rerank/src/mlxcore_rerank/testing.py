@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 CORPUS = [
     "Paris is the capital of France and its largest city.",
@@ -25,18 +26,12 @@ MINILM_L6 = {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 
 """The shape of the ms-marco MiniLM-L6 cross-encoders (for speed measurements)."""
 
 
-def build_cross_encoder(
-    folder: Path, seed: int = 0, *, labels: int = 1, shape: dict[str, int] | None = None
-) -> Path:
-    """Write a cross-encoder of ``shape`` (default: tiny) into ``folder`` (created) and
-    return it."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten
+def write_tokenizer(folder: Path) -> int:
+    """A WordPiece tokenizer trained on :data:`CORPUS` (BERT's algorithm, special tokens
+    and pair template), saved in ``folder``; returns its vocabulary size."""
     from tokenizers import BertWordPieceTokenizer
     from tokenizers.processors import TemplateProcessing
     from transformers import PreTrainedTokenizerFast
-
-    from mlxcore_rerank.cross_encoder import CrossEncoder
 
     folder.mkdir(parents=True, exist_ok=True)
     words = BertWordPieceTokenizer(lowercase=True)
@@ -54,19 +49,62 @@ def build_cross_encoder(
         mask_token="[MASK]",
     )
     tokenizer.save_pretrained(str(folder))
-    config = {
-        "architectures": ["BertForSequenceClassification"],
+    return int(tokenizer.vocab_size)
+
+
+def bert_config(vocab_size: int, architecture: str, shape: dict[str, int] | None) -> dict[str, Any]:
+    """A ``config.json`` for a BERT checkpoint of ``shape`` (default: tiny)."""
+    return {
+        "architectures": [architecture],
         "model_type": "bert",
-        "vocab_size": tokenizer.vocab_size,
+        "vocab_size": vocab_size,
         **(shape or TINY),
         "type_vocab_size": 2,
         "layer_norm_eps": 1e-12,
-        "id2label": {str(i): f"LABEL_{i}" for i in range(labels)},
         "pad_token_id": 0,
     }
+
+
+def build_cross_encoder(
+    folder: Path, seed: int = 0, *, labels: int = 1, shape: dict[str, int] | None = None
+) -> Path:
+    """Write a cross-encoder of ``shape`` (default: tiny) into ``folder`` (created) and
+    return it."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from mlxcore_rerank.cross_encoder import CrossEncoder
+
+    config = bert_config(write_tokenizer(folder), "BertForSequenceClassification", shape)
+    config["id2label"] = {str(i): f"LABEL_{i}" for i in range(labels)}
     (folder / "config.json").write_text(json.dumps(config, indent=2))
     mx.random.seed(seed)
     model = CrossEncoder(config)
     weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(folder / "model.safetensors"), weights)
+    return folder
+
+
+def build_encoder(folder: Path, seed: int = 0, *, pooling: str = "mean") -> Path:
+    """Write a tiny BERT embedding model (``BertModel``, sentence-transformers' pooling
+    ``mean`` or ``cls``) into ``folder`` (created) and return it."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from mlxcore_rerank.encoder import Encoder
+
+    config = bert_config(write_tokenizer(folder), "BertModel", None)
+    (folder / "config.json").write_text(json.dumps(config, indent=2))
+    (folder / "1_Pooling").mkdir()
+    modes = {
+        "pooling_mode_cls_token": pooling == "cls",
+        "pooling_mode_mean_tokens": pooling == "mean",
+    }
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(modes))
+    mx.random.seed(seed)
+    model = Encoder(config)
+    # saved as Hugging Face's BertModel names them: no prefix
+    flat: dict[str, mx.array] = dict(tree_flatten(model.parameters()))
+    weights = {key.removeprefix("model."): value for key, value in flat.items()}
     mx.save_safetensors(str(folder / "model.safetensors"), weights)
     return folder
