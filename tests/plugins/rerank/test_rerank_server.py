@@ -211,3 +211,60 @@ def test_langchains_cohere_reranker_compresses_documents(
     assert [d.metadata["n"] for d in kept] == best
     for d in kept:
         assert d.metadata["relevance_score"] == pytest.approx(expected[d.metadata["n"]], abs=1e-5)
+
+
+def _fuzz_bodies(seed: int, count: int) -> list[Any]:
+    """Bodies built at random from the fields both routes read, with values of every
+    JSON type, in and out of range (seeded, so a failure reproduces)."""
+    import random
+
+    rng = random.Random(seed)
+    values: list[Any] = [
+        None, True, 0, -1, 1, 2**40, 1.5, "", "q", "x" * 3000, [], [""], ["a", "b"],
+        [1, 2], [{"text": "d"}], [{"text": 3}], [{}], {"text": "d"}, {"a": [1]}, ["é🙂\x00"],
+        [None], ["d"] * 1001,
+    ]  # fmt: skip
+    fields = ["model", "query", "documents", "top_n", "return_documents",
+              "max_tokens_per_doc", "instruction", "text_1", "text_2"]  # fmt: skip
+    bodies: list[Any] = []
+    for _ in range(count):
+        body: dict[str, Any] = {"model": "rerank"}
+        for name in rng.sample(fields, rng.randrange(1, len(fields))):
+            body[name] = rng.choice(values)
+        bodies.append(body if rng.random() > 0.05 else rng.choice(values))
+    return bodies
+
+
+def test_generated_bad_input_never_gets_a_5xx(server: Server) -> None:
+    """300 generated bodies on each route: every answer a 200 or a 4xx in the API's
+    error shape, and the server still scores correctly afterwards."""
+    for seed, path in enumerate(("/v1/rerank", "/score")):
+        for body in _fuzz_bodies(seed, 300):
+            answer = post(server, path, body)
+            assert answer.status_code == 200 or 400 <= answer.status_code < 500, (body, answer)
+            if answer.status_code != 200:
+                assert "message" in answer.json()["error"], answer.text
+    assert post(server, "/v1/rerank", {"model": "rerank", "query": QUERY,
+                                       "documents": DOCUMENTS}).status_code == 200  # fmt: skip
+
+
+def test_300_concurrent_connections(server: Server, expected: list[float]) -> None:
+    """300 reranks at once: each is scored (as alone) or turned away with a 503, never
+    a failure; the queue bound (--max-queue-size) holds."""
+    import asyncio
+
+    async def all_at_once() -> list[httpx.Response]:
+        limits = httpx.Limits(max_connections=300)
+        async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+            body = {"model": "rerank", "query": QUERY, "documents": DOCUMENTS}
+            url = f"{server.base_url}/v1/rerank"
+            return list(await asyncio.gather(*(client.post(url, json=body) for _ in range(300))))
+
+    answers = asyncio.run(all_at_once())
+    codes = [a.status_code for a in answers]
+    assert set(codes) <= {200, 503} and codes.count(200) >= 50, sorted(set(codes))
+    for answer in answers:
+        if answer.status_code == 200:
+            scores = {r["index"]: r["relevance_score"] for r in answer.json()["results"]}
+            assert [scores[i] for i in range(4)] == pytest.approx(expected, abs=1e-5)
+    assert server.health()["status"] == "ok"
