@@ -127,8 +127,10 @@ def score_bytes(
     model: Any, inputs: Sequence[Sequence[int]], batch_tokens: int = BATCH_TOKENS
 ) -> int:
     """An upper estimate of the memory :func:`score_pieces` holds at once: the largest
-    forward pass (as for embeddings) and the head's float32 logits of every pair."""
-    return forward_bytes(model, inputs, batch_tokens) + 4 * len(inputs) * vocabulary(model)
+    forward pass (as for embeddings) and the head's float32 logits of the most pairs one
+    pass holds."""
+    rows = max((len(indices) for indices in batches(inputs, batch_tokens)), default=0)
+    return forward_bytes(model, inputs, batch_tokens) + 4 * rows * vocabulary(model)
 
 
 def score_pieces(
