@@ -195,3 +195,21 @@ def test_each_prefill_chunk_is_timed_with_its_tokens(tiny_llama: Path) -> None:
     assert sum(s.figures["tokens"] for s in steps) == 100 - event.usage.cached_tokens
     for a, b in itertools.pairwise(steps):
         assert a.start_ns <= a.end_ns <= b.start_ns
+
+
+def test_a_shutdown_drains_paused_background_work(tiny_llama: Path) -> None:
+    """Shutting down while background work is paused lets it run to its end."""
+    rt = make_runtime(tiny_llama, background_grace=30.0)
+    bg: queue.SimpleQueue[Event] = queue.SimpleQueue()
+    fg: queue.SimpleQueue[Event] = queue.SimpleQueue()
+    rt.engine.submit(greedy(80, BACKGROUND), bg.put)
+    assert isinstance(bg.get(timeout=30), TokenEvent)
+    rt.engine.submit(greedy(4), fg.put)
+    wait_finish(fg)  # the background request is paused now, for 30 s
+    started = time.monotonic()
+    rt.engine.shutdown(timeout=20)
+    assert time.monotonic() - started < 15  # it did not wait out the grace
+    event = bg.get(timeout=1)
+    while not isinstance(event, FinishEvent):
+        event = bg.get(timeout=1)
+    assert event.reason in ("length", "stop") and event.usage.completion_tokens > 1

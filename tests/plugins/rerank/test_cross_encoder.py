@@ -7,7 +7,6 @@ documents are cut to the model's positions, and a real server serves it as a rer
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import cohere
 import httpx
@@ -21,7 +20,7 @@ from mlxcore.testing.server import Server, ServerFactory
 from mlxcore_rerank import mlxcore_model_architectures
 from mlxcore_rerank.cross_encoder import CrossEncoder, cross_pieces, pair_features
 from mlxcore_rerank.loading import load_encoder_model
-from mlxcore_rerank.testing import build_cross_encoder
+from mlxcore_rerank.testing import build_cross_encoder, run_pieces
 
 QUERY = "Which city is the capital of France?"
 DOCUMENTS = [
@@ -44,14 +43,6 @@ def alone(model: CrossEncoder, ids: list[int], types: list[int]) -> float:
     return float(score[0].item())
 
 
-def run(pieces: Any) -> list[float]:
-    while True:
-        try:
-            next(pieces)
-        except StopIteration as done:
-            return list(done.value)
-
-
 @pytest.fixture(scope="module")
 def expected(folder: Path) -> list[float]:
     loaded = load_encoder_model(folder)
@@ -69,7 +60,7 @@ def test_batched_scores_equal_each_pair_alone(folder: Path, expected: list[float
     sep = loaded.tokenizer.convert_tokens_to_ids("[SEP]")
     assert ids.count(sep) == 2 and types[0] == 0 and types[-1] == 1  # [CLS] q [SEP] d [SEP]
     for budget in (8192, 2 * max(len(i) for i, _ in features)):
-        assert run(cross_pieces(loaded.model, features, budget)) == pytest.approx(
+        assert run_pieces(cross_pieces(loaded.model, features, budget)) == pytest.approx(
             expected, abs=1e-5
         )
     assert all(0.0 < s < 1.0 for s in expected) and len(set(expected)) == len(expected)

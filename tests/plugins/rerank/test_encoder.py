@@ -7,7 +7,6 @@ by a real server through the official openai client."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import httpx
 import mlx.core as mx
@@ -18,7 +17,7 @@ from mlxcore.embeddings import normalize
 from mlxcore.testing.server import Server, ServerFactory
 from mlxcore_rerank.encoder import Encoder
 from mlxcore_rerank.loading import load_encoder_model
-from mlxcore_rerank.testing import build_encoder
+from mlxcore_rerank.testing import build_encoder, run_pieces
 
 TEXTS = [
     "Paris is the capital of France.",
@@ -39,14 +38,6 @@ def library_embedding(model: Encoder, ids: list[int]) -> list[float]:
     return mean
 
 
-def run(pieces: Any) -> list[list[float]]:
-    while True:
-        try:
-            next(pieces)
-        except StopIteration as done:
-            return list(done.value)
-
-
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_encoder(tmp_path_factory.mktemp("encoder") / "model", seed=5)
@@ -60,10 +51,10 @@ def test_batched_embeddings_equal_the_librarys_for_each_text(pooling: str, tmp_p
     inputs = [list(loaded.tokenizer.encode(t)) for t in TEXTS]
     want = [library_embedding(loaded.model, ids) for ids in inputs]
     for budget in (8192, 2 * max(len(ids) for ids in inputs)):
-        got = run(loaded.model.mlxcore_embedding_pieces(inputs, batch_tokens=budget))
+        got = run_pieces(loaded.model.mlxcore_embedding_pieces(inputs, batch_tokens=budget))
         for row, expected in zip(got, want, strict=True):
             assert row == pytest.approx(expected, abs=1e-5)
-    cut = run(loaded.model.mlxcore_embedding_pieces(inputs, dimensions=8))
+    cut = run_pieces(loaded.model.mlxcore_embedding_pieces(inputs, dimensions=8))
     assert cut[0] == pytest.approx(list(normalize(mx.array([want[0][:8]]))[0].tolist()), abs=1e-5)
 
 

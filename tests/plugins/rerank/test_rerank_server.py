@@ -128,7 +128,6 @@ BAD = [
     ("/v1/rerank", {"model": "rerank", "query": "q", "documents": [3]}, "documents"),
     ("/v1/rerank", {"model": "rerank", "query": "q", "documents": ["a"], "top_n": 0}, "top_n"),
     ("/v1/rerank", {"model": "rerank", "query": "q", "documents": ["x"] * 10_000}, "documents"),
-    ("/v1/rerank", {"model": "chat", "query": "q", "documents": ["a"]}, "model"),
     ("/score", {"model": "rerank", "text_1": ["a", "b"], "text_2": ["c"] * 3}, "text_2"),
     ("/score", {"model": "rerank", "text_1": "a", "text_2": []}, "text_2"),
     ("/score", {"model": "rerank", "text_1": "a", "text_2": ["b"] * 1001}, "text_2"),
@@ -146,24 +145,24 @@ def test_bad_input_is_a_400_naming_the_field(
 
 
 def test_a_pair_longer_than_the_context_is_a_400(server: Server) -> None:
-    long = "word " * 2000
-    answer = post(
-        server,
-        "/v1/rerank",
-        {"model": "rerank", "query": QUERY, "documents": ["short", long],
-         "max_tokens_per_doc": 5000},
-    )  # fmt: skip
+    def ask(max_tokens_per_doc: int) -> httpx.Response:
+        body = {"model": "rerank", "query": QUERY, "documents": ["short", "word " * 2000]}
+        return post(server, "/v1/rerank", body | {"max_tokens_per_doc": max_tokens_per_doc})
+
+    answer = ask(5000)
     assert answer.status_code == 400, answer.text
     assert answer.json()["error"]["code"] == "context_length_exceeded"
     assert answer.json()["error"]["param"] == "documents[1]"
-    # cut to max_tokens_per_doc, the same document fits
-    fine = post(
-        server,
-        "/v1/rerank",
-        {"model": "rerank", "query": QUERY, "documents": ["short", long],
-         "max_tokens_per_doc": 100},
-    )  # fmt: skip
+    fine = ask(100)  # cut to max_tokens_per_doc, the same document fits
     assert fine.status_code == 200, fine.text
+
+
+def test_a_chat_model_scores_the_decoder_reranker_way(server: Server) -> None:
+    """As any decoder model answers /v1/embeddings, any chat model can be asked to
+    rerank (a trained reranker only scores better)."""
+    answer = post(server, "/score", {"model": "chat", "text_1": QUERY, "text_2": DOCUMENTS})
+    assert answer.status_code == 200, answer.text
+    assert all(0.0 < d["score"] < 1.0 for d in answer.json()["data"])
 
 
 def test_chat_on_the_reranker_is_a_400(server: Server) -> None:

@@ -18,6 +18,7 @@ from mlxcore_rerank.scoring import (
     pair_tokens,
     score_pieces,
 )
+from mlxcore_rerank.testing import run_pieces
 
 QUERY = "What is the capital of France?"
 DOCUMENTS = [
@@ -34,14 +35,6 @@ def reference(model, ids: list[int], answers: Answers) -> float:  # type: ignore
     logits = model(mx.array([ids]))[0, -1].astype(mx.float32)
     pair = mx.softmax(mx.stack([logits[answers.no], logits[answers.yes]]))
     return float(pair[1].item())
-
-
-def run(pieces) -> list[float]:  # type: ignore[no-untyped-def]
-    while True:
-        try:
-            next(pieces)
-        except StopIteration as done:
-            return list(done.value)
 
 
 def test_the_prompt_is_qwen3_rerankers(tiny_qwen3: Path) -> None:
@@ -75,6 +68,6 @@ def test_batched_scores_equal_each_pair_alone(fixture: str, request: pytest.Fixt
     # one padded pass for all, and several smaller ones: the same scores
     for budget in (8192, 2 * max(len(ids) for ids in inputs)):
         assert (len(batches(inputs, budget)) > 1) == (budget != 8192)
-        got = run(score_pieces(model, inputs, answers, budget))
+        got = run_pieces(score_pieces(model, inputs, answers, budget))
         assert got == pytest.approx(want, abs=1e-5)
     assert all(0.0 < s < 1.0 for s in want) and len(set(want)) == len(want)

@@ -254,23 +254,7 @@ class PlainDecoder(Decoder):
         except Exception:
             return None
         out = [Salvaged(seq) for seq in self._joining]
-        for i, slot in enumerate(self.slots):
-            if slot.left:
-                continue
-            seq = slot.seq
-            seq.cache = [layer.extract(i) for layer in self.cache]
-            unreported: list[StepToken] = []
-            if slot.in_flight:
-                tok = int(pending[i])
-                seq.tokens.append(tok)
-                seq.next_token = tok
-                sampling = seq.request.sampling
-                if sampling.logprobs and self._pending_logprobs is not None:
-                    top = sampling.top_logprobs
-                    unreported = [token_with_logprobs(tok, self._pending_logprobs[i], top)]
-                else:
-                    unreported = [StepToken(tok)]
-            out.append(Salvaged(seq, unreported))
+        out += [self._take_out(i, pending) for i, s in enumerate(self.slots) if not s.left]
         self._rows.keep([])
         self.slots, self._joining, self.cache = [], [], []
         return out
@@ -287,24 +271,27 @@ class PlainDecoder(Decoder):
         self._settle()
         pending: list[int] = self._pending.tolist()
         for i in rows:
-            slot = self.slots[i]
-            seq = slot.seq
-            seq.cache = [layer.extract(i) for layer in self.cache]
-            unreported: list[StepToken] = []
-            if slot.in_flight:
-                tok = int(pending[i])
-                seq.tokens.append(tok)
-                seq.next_token = tok
-                sampling = seq.request.sampling
-                if sampling.logprobs and self._pending_logprobs is not None:
-                    top = sampling.top_logprobs
-                    unreported = [token_with_logprobs(tok, self._pending_logprobs[i], top)]
-                else:
-                    unreported = [StepToken(tok)]
-            slot.left = True
-            out.append(Salvaged(seq, unreported))
+            out.append(self._take_out(i, pending))
+            self.slots[i].left = True
         self._compact()
         return out
+
+    def _take_out(self, i: int, pending: list[int]) -> Salvaged:
+        """Row ``i`` as a sequence of its own: its cache extracted, and the token it had
+        sampled but not reported (``pending[i]``) appended and returned as unreported."""
+        slot = self.slots[i]
+        seq = slot.seq
+        seq.cache = [layer.extract(i) for layer in self.cache]
+        if not slot.in_flight:
+            return Salvaged(seq)
+        tok = int(pending[i])
+        seq.tokens.append(tok)
+        seq.next_token = tok
+        sampling = seq.request.sampling
+        if sampling.logprobs and self._pending_logprobs is not None:
+            top = sampling.top_logprobs
+            return Salvaged(seq, [token_with_logprobs(tok, self._pending_logprobs[i], top)])
+        return Salvaged(seq, [StepToken(tok)])
 
     def step(self) -> dict[int, list[StepToken]]:
         self._touched = True

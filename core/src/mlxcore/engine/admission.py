@@ -63,6 +63,7 @@ class Admission:
     _waiting: collections.deque[RequestHandle]
     expired: int
     peak_reserved: int
+    _stopping: bool
     _interactive_at: float = float("-inf")
     """When an interactive (not background) request was last seen waiting or running."""
     _pausing: bool = False
@@ -183,13 +184,14 @@ class Admission:
     def _background_pause(self) -> Callable[[RequestHandle], bool] | None:
         """Which running requests sit the next step out (``None``: none): the background
         ones, while :meth:`_background_held` holds and no interactive request waits (the
-        decoder holds their caches; they go on where they stopped)."""
-        return self._is_background if self._pausing else None
+        decoder holds their caches; they go on where they stopped); none while the engine
+        drains for shutdown."""
+        return self._is_background if self._pausing and not self._stopping else None
 
     def _held_wait(self, loop: BatchLoop, admitted: list[RequestHandle]) -> float:
         """Seconds to sleep when the only work left is background work held back by
         :meth:`_background_held`, waiting or paused (0: there is work to do)."""
-        if not self._pausing or admitted or loop.has_work():
+        if not self._pausing or self._stopping or admitted or loop.has_work():
             return 0.0
         if self.jobs.running is not None or self.jobs.waiting:
             return 0.0

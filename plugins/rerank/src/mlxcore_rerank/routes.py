@@ -1,6 +1,6 @@
 """``/v1/rerank`` (also ``/rerank`` and ``/v2/rerank``: the Cohere and Jina shape that
 vLLM, llama-server and oMLX accept) and vLLM's ``/score`` (also ``/v1/score``), for
-models served with ``task = "rerank"``.
+rerankers (``task = "rerank"``, cross-encoders) and any model that generates.
 
 Both validate everything and tokenize every pair (off the event loop) before the engine
 runs the forward passes as one job between its decode steps (:mod:`.scoring` for decoder
@@ -22,7 +22,13 @@ from litestar import Request, post
 from mlxcore.engine.engine import EngineOverloaded, EngineUnavailable
 from mlxcore.request_builder import MAX_CHARS_PER_TOKEN, check_prompt_size
 from mlxcore.server.errors import APIError, invalid, overloaded
-from mlxcore.server.frontend import decode_body, model_service, served_name, unless_disconnected
+from mlxcore.server.frontend import (
+    TASK_ROUTES,
+    decode_body,
+    model_service,
+    served_name,
+    unless_disconnected,
+)
 from mlxcore.server.openapi import (
     BODY_OPTION,
     INTEGER,
@@ -93,6 +99,22 @@ SCORE_REPLY = obj(
     },
     title="ScoreResponse",
 )
+
+
+async def _scorer(request: Request[Any, Any, Any], model: str | None) -> GenerationService:
+    """The model that scores: a reranker, or any model that generates (scored the
+    decoder-reranker way, as any decoder model answers ``/v1/embeddings``); an embedding
+    model is a 400."""
+    svc = await model_service(request, model, task=None)
+    if svc.task not in ("rerank", "generate"):
+        name = svc.names[0] if svc.names else model
+        raise APIError(
+            400,
+            f"the model {name!r} is {TASK_ROUTES.get(svc.task, 'not a reranker')}",
+            param="model",
+            code="model_not_supported",
+        )
+    return svc
 
 
 def _check_count(count: int, field: str) -> None:
@@ -194,7 +216,7 @@ async def rerank(request: Request[Any, Any, Any]) -> dict[str, Any]:
     """Documents ordered by their relevance to the query (Cohere's and Jina's shape)."""
     body = await decode_body(request, RerankRequest)
     _check_count(len(body.documents), "documents")
-    svc = await model_service(request, body.model, task="rerank")
+    svc = await _scorer(request, body.model)
     texts = [d if isinstance(d, str) else d.text for d in body.documents]
     pairs = [(body.query, text) for text in texts]
     fields = [f"documents[{i}]" for i in range(len(texts))]
@@ -246,7 +268,7 @@ async def score(request: Request[Any, Any, Any]) -> dict[str, Any]:
     """vLLM's ``/score``: the relevance of each (text_1, text_2) pair."""
     body = await decode_body(request, ScoreRequest)
     pairs, fields = _score_pairs(body)
-    svc = await model_service(request, body.model, task="rerank")
+    svc = await _scorer(request, body.model)
     scores, tokens = await _scores(
         request, svc, pairs, fields, body.instruction, body.max_tokens_per_doc
     )

@@ -6,8 +6,20 @@ names a Hugging Face checkpoint uses."""
 from __future__ import annotations
 
 import json
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
+
+
+def run_pieces(pieces: Generator[None, None, list[Any]]) -> list[Any]:
+    """Run a job's pieces (a scoring or embedding generator) to the end, as the engine
+    does, and return its result."""
+    while True:
+        try:
+            next(pieces)
+        except StopIteration as done:
+            return list(done.value)
+
 
 CORPUS = [
     "Paris is the capital of France and its largest city.",
