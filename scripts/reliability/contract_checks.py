@@ -3,7 +3,8 @@
 ``accepted_within_model_limits`` is Schemathesis' ``positive_data_acceptance`` less the
 refusals a JSON Schema cannot state: a prompt plus ``max_tokens`` beyond the model's
 context, ``min_tokens`` above ``max_tokens``, ``top_logprobs`` without ``logprobs``,
-``/tokenize`` without exactly one of ``prompt`` and ``messages``, and a
+``/score``'s ``text_1`` and ``text_2`` lists of different lengths, ``/tokenize`` without
+exactly one of ``prompt`` and ``messages``, and a
 constraint the server cannot hold
 (``invalid_constraint``: a ``tool_choice`` the ``tools`` do not meet, a ``response_format``
 schema the structured-output compiler does not take). Any other refusal of a schema-valid
@@ -18,7 +19,7 @@ from typing import Any
 import schemathesis
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-RELATIONS = (("min_tokens", "max_tokens"), ("top_logprobs", "logprobs"))
+RELATIONS = (("min_tokens", "max_tokens"), ("top_logprobs", "logprobs"), ("text_2", "text_1"))
 """Fields whose allowed values depend on another field's (the second named): the
 document says so in prose only."""
 
