@@ -14,6 +14,7 @@ Every case runs twice: with proposals (the CPU's way) and settle-free (a GPU's w
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import mlx.core as mx
 import pytest
@@ -214,3 +215,28 @@ def test_the_gpu_default_and_its_override(monkeypatch: pytest.MonkeyPatch) -> No
     assert settle_free_default()
     monkeypatch.setenv(SETTLE_FREE_ENV, "0")
     assert not settle_free_default()
+
+
+def test_a_vanishing_top_p_keeps_the_top_token(tiny_llama: Path) -> None:
+    """top_p = 5e-324 (valid, > 0; schemathesis sent it) rounds to 0 in float32, which
+    kept nothing: the draw left the top token, and a grammar-constrained request failed.
+    It is floored: a sampled request with it gives the greedy tokens."""
+    from mlxcore.engine.request import TOP_P_FLOOR, GenerationRequest
+    from mlxcore.testing.runtime import make_runtime, submit_together
+
+    assert SamplingParams(temperature=1.0, top_p=5e-324).top_p == TOP_P_FLOOR
+    assert SamplingParams(top_p=0.5).top_p == 0.5
+    rt = make_runtime(tiny_llama)
+    try:
+        prompt = (30551, 263, 151668, 2804)
+        vanishing = SamplingParams(temperature=1.0, top_p=5e-324, seed=0)
+        greedy, tiny = submit_together(
+            rt,
+            [
+                GenerationRequest(prompt, 12, SamplingParams(temperature=0.0)),
+                GenerationRequest(prompt, 12, vanishing),
+            ],
+        )
+    finally:
+        rt.engine.shutdown(timeout=5)
+    assert tiny.tokens == greedy.tokens and len(greedy.tokens) == 12

@@ -205,3 +205,18 @@ def test_bad_user_grammars_are_400s_naming_the_field(
         with pytest.raises(openai.BadRequestError) as err:
             create()
         assert err.value.body["param"] == param  # type: ignore[index]
+
+
+@pytest.mark.parametrize("extra", [{"ignore_eos": True}, {"top_p": 5e-324, "seed": 0}])
+def test_a_constraint_ends_the_output_whatever_the_sampling(
+    client: openai.OpenAI, extra: dict[str, Any]
+) -> None:
+    """The constraint's end ends the output with ``ignore_eos`` too, and a vanishing
+    ``top_p`` (float32 rounds it to 0) keeps the draw inside the grammar (both were a 500:
+    the contract run's schemathesis found the second)."""
+    answer = client.completions.create(
+        model="tiny-qwen3", prompt="Answer:", max_tokens=40, n=2,
+        extra_body={"guided_regex": "abcdefghij", **extra},
+    )  # fmt: skip
+    assert [c.text for c in answer.choices] == ["abcdefghij"] * 2
+    assert {c.finish_reason for c in answer.choices} == {"stop"}

@@ -426,6 +426,9 @@ def build_generations(rt: Runtime, spec: RequestSpec) -> list[Generation]:
     gens = []
     for i in range(spec.n):
         sampling = spec.sampling
+        if spec.constraint is not None and sampling.ignore_eos:
+            # the constraint's end is the output's end (its matcher takes nothing after)
+            sampling = attrs.evolve(sampling, ignore_eos=False)
         if i and sampling.seed is not None:  # each choice its own, reproducible, stream
             sampling = attrs.evolve(sampling, seed=(sampling.seed + i) & (2**64 - 1))
         request = GenerationRequest(

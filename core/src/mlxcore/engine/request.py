@@ -16,6 +16,17 @@ float32's range turns every logit to +-inf (a 1e-40 temperature sampled noise, a
 grammar-constrained request failed)."""
 
 
+TOP_P_FLOOR = 1e-6
+"""The smallest ``top_p`` used: a smaller one keeps the most likely token alone just the
+same (below a million tokens none is less likely than that), while float32 rounds a tiny
+one (5e-324) to 0, which kept nothing: samplers then drew outside the top token, and
+outside a grammar's mask (a constrained request failed)."""
+
+
+def _top_p(value: float) -> float:
+    return TOP_P_FLOOR if 0.0 < value < TOP_P_FLOOR else value
+
+
 @attrs.frozen
 class SamplingParams:
     """Per-request sampling settings, honoured per sequence inside a batch.
@@ -25,7 +36,7 @@ class SamplingParams:
     """
 
     temperature: float = 0.0
-    top_p: float = 1.0
+    top_p: float = attrs.field(default=1.0, converter=_top_p)
     top_k: int = 0
     min_p: float = 0.0
     repetition_penalty: float | None = None
