@@ -14,8 +14,6 @@ own tokenizers truncate).
 
 from __future__ import annotations
 
-import glob
-import json
 from collections.abc import Generator, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,11 +21,10 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from mlxcore.embeddings import BATCH_TOKENS, batches, forward_bytes
+
 ARCHITECTURES = frozenset({"BertForSequenceClassification"})
 """The checkpoints this module loads (``config.json``'s ``architectures``)."""
-
-BATCH_TOKENS = 8192
-"""Most padded tokens in one forward pass."""
 
 
 def is_cross_encoder(config: dict[str, Any]) -> bool:
@@ -55,7 +52,9 @@ class CrossEncoder(nn.Module):
 
         super().__init__()
         self.config = config
-        self.bert = Model(ModelArgs.from_dict(config))
+        self.args = ModelArgs.from_dict(config)
+        """Its shape (``hidden_size``...), what the memory estimate reads."""
+        self.bert = Model(self.args)
         self.classifier = nn.Linear(int(config["hidden_size"]), labels_of(config))
 
     def __call__(self, input_ids: mx.array, token_type_ids: mx.array, mask: mx.array) -> mx.array:
@@ -76,21 +75,12 @@ def load_cross_encoder(path: Path, config: dict[str, Any]) -> CrossEncoder:
     """The checkpoint in ``path`` (its safetensors files, Hugging Face names)."""
     model = CrossEncoder(config)
     weights: dict[str, mx.array] = {}
-    for file in sorted(glob.glob(str(path / "*.safetensors"))):
-        weights.update(mx.load(file))  # type: ignore[arg-type]
+    for file in sorted(path.glob("*.safetensors")):
+        weights.update(mx.load(str(file)))  # type: ignore[arg-type]
     weights = {k: v for k, v in weights.items() if not k.endswith("position_ids")}
     model.load_weights(list(weights.items()))
     model.eval()
     return model
-
-
-def read_config(path: Path) -> dict[str, Any]:
-    """``config.json`` of the folder ``path`` (empty when it has none)."""
-    file = path / "config.json"
-    if not file.is_file():
-        return {}
-    config: dict[str, Any] = json.loads(file.read_text(encoding="utf-8"))
-    return config
 
 
 def pair_features(
@@ -114,33 +104,10 @@ def pair_features(
     return list(encoded["input_ids"]), list(types)
 
 
-def batches(lengths: Sequence[int], batch_tokens: int = BATCH_TOKENS) -> list[list[int]]:
-    """Indices sorted by length, cut so that no pass holds more than ``batch_tokens``
-    padded tokens."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    out: list[list[int]] = []
-    start = 0
-    while start < len(order):
-        end = start + 1
-        while end < len(order) and lengths[order[end]] * (end + 1 - start) <= batch_tokens:
-            end += 1
-        out.append(order[start:end])
-        start = end
-    return out
-
-
 def cross_bytes(model: CrossEncoder, inputs: Sequence[tuple[list[int], list[int]]]) -> int:
-    """An upper estimate of the memory :func:`cross_pieces` holds at once: the largest
-    pass's float32 activations and attention scores."""
-    width = int(model.config["hidden_size"])
-    mlp = int(model.config.get("intermediate_size", 4 * width))
-    heads = int(model.config.get("num_attention_heads", 1))
-    largest = 0
-    for rows in batches([len(ids) for ids, _ in inputs]):
-        length = max(len(inputs[i][0]) for i in rows)
-        tokens = len(rows) * length
-        largest = max(largest, tokens * (4 * width + 2 * mlp) + len(rows) * heads * length**2)
-    return 4 * largest
+    """An upper estimate of the memory :func:`cross_pieces` holds at once (the
+    embeddings' estimate: the largest pass's activations and attention scores)."""
+    return forward_bytes(model, [ids for ids, _ in inputs])
 
 
 def cross_pieces(
@@ -151,7 +118,7 @@ def cross_pieces(
     """The scores of ``inputs`` (token and segment ids per pair), in order, one padded
     forward pass per ``next`` (what the engine runs as a job)."""
     out = [0.0] * len(inputs)
-    for indices in batches([len(ids) for ids, _ in inputs], batch_tokens):
+    for indices in batches([ids for ids, _ in inputs], batch_tokens):
         width = max(len(inputs[i][0]) for i in indices)
         ids = [inputs[i][0] + [0] * (width - len(inputs[i][0])) for i in indices]
         types = [inputs[i][1] + [0] * (width - len(inputs[i][1])) for i in indices]

@@ -16,8 +16,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from mlxcore.embeddings import normalize
-from mlxcore_rerank.cross_encoder import BATCH_TOKENS, batches
+from mlxcore.embeddings import BATCH_TOKENS, batches, normalize
 
 ARCHITECTURES = frozenset({"BertModel"})
 """The embedding checkpoints this module loads (``config.json``'s ``architectures``)."""
@@ -72,7 +71,7 @@ class Encoder(nn.Module):
         """The embeddings of ``inputs`` (token ids each), in order, one padded forward
         pass per ``next`` (the engine's job; ``pooling`` is the checkpoint's own)."""
         out: list[list[float]] = [[] for _ in inputs]
-        for indices in batches([len(ids) for ids in inputs], batch_tokens):
+        for indices in batches(inputs, batch_tokens):
             width = max(len(inputs[i]) for i in indices)
             ids = [list(inputs[i]) + [0] * (width - len(inputs[i])) for i in indices]
             mask = [[1] * len(inputs[i]) + [0] * (width - len(inputs[i])) for i in indices]

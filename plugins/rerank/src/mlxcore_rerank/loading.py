@@ -8,8 +8,9 @@ import logging
 from pathlib import Path
 
 from mlxcore.errors import ModelLoadError
+from mlxcore.models.folder import read_config
 from mlxcore.models.loader import LoadedModel, describe_model
-from mlxcore_rerank.cross_encoder import is_cross_encoder, load_cross_encoder, read_config
+from mlxcore_rerank.cross_encoder import is_cross_encoder, load_cross_encoder
 from mlxcore_rerank.encoder import is_encoder, load_encoder
 
 log = logging.getLogger("mlxcore.plugins.rerank")
