@@ -26,6 +26,10 @@ clients use)::
     [models.rerank]
     source = "~/models/Qwen3-Reranker-0.6B"
     task = "rerank"                       # serves /v1/rerank and /score (rerank plugin)
+
+    [models.whisper]
+    source = "~/models/whisper-large-v3-turbo"
+    task = "stt"                          # /v1/audio/transcriptions, /translations (audio plugin)
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ if TYPE_CHECKING:
     from mlxcore.config import ServerConfig
     from mlxcore.hooks import PluginHooks
 
-TASKS = ("generate", "embed", "rerank")
+TASKS = ("generate", "embed", "rerank", "stt")
 POOLINGS = ("last", "mean")
 FLAG_ALIASES = {"context-length": "max-model-len"}
 """Friendlier names accepted in a models file for some flags."""
@@ -64,7 +68,8 @@ class CatalogEntry:
         pinned: never unloaded to make room or when idle.
         idle_unload: seconds unused before it is unloaded (``None``: the server's).
         task: ``generate`` (chat, completions...), ``embed`` (``/v1/embeddings`` only) or
-            ``rerank`` (``/v1/rerank`` and ``/score``, from the rerank plugin).
+            ``rerank`` (``/v1/rerank`` and ``/score``, from the rerank plugin) or ``stt``
+            (``/v1/audio/transcriptions`` and ``/translations``, from the audio plugin).
         pooling: how an embedding is taken from the hidden states: ``last`` or ``mean``.
         flags: this model's own command-line flags, e.g. ``("--max-num-seqs", "16")``.
     """

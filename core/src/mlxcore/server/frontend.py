@@ -21,6 +21,8 @@ T = TypeVar("T")
 TASK_ROUTES = {
     "embed": "an embedding model: it serves /v1/embeddings only",
     "rerank": "a reranker: it serves /v1/rerank and /score only",
+    "stt": "a speech-to-text model: it serves /v1/audio/transcriptions and "
+    "/v1/audio/translations only",
 }
 """What a model of each task other than ``generate`` answers, for the 400 elsewhere."""
 

@@ -1,0 +1,120 @@
+"""Uploaded audio: what it is and how long, checked before any work is queued, and its
+samples, decoded when the work runs.
+
+WAV, MP3 and FLAC decode in-process through miniaudio (mlx-audio's reader, so the samples
+are the ones mlx-audio's own ``load_audio`` gives for the same file: 16 kHz mono
+float32). Other containers (Ogg, WebM, MP4/M4A) need the ``ffmpeg`` program, which
+mlx-audio's reader calls when it is on ``PATH``; without it they are refused with a
+clear error. Nothing here goes to the network.
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+
+import attrs
+import numpy as np
+
+from mlxcore_audio.recognizer import SAMPLE_RATE
+
+IN_PROCESS = ("wav", "mp3", "flac")
+"""Formats decoded without ffmpeg."""
+
+
+class AudioError(Exception):
+    """Audio that cannot be used: empty, corrupt, of an unsupported format, too long."""
+
+    def __init__(self, message: str, code: str = "invalid_audio") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@attrs.frozen
+class Probe:
+    """What an upload holds, read from its headers (``seconds`` is ``None`` for a
+    format only ffmpeg reads: its length is known once decoded)."""
+
+    format: str
+    seconds: float | None
+
+
+def sniff(data: bytes) -> str | None:
+    """The container an upload's first bytes name (``None``: none this reader knows)."""
+    head = data[:12]
+    if head[:4] == b"RIFF" and head[8:12] == b"WAVE":
+        return "wav"
+    if head[:4] == b"fLaC":
+        return "flac"
+    frame = len(head) >= 2 and head[0] == 0xFF and head[1] & 0xE0 == 0xE0
+    if head[:3] == b"ID3" or (frame and head[1] & 0x06 != 0):
+        return "mp3"  # an ID3 tag, or an MPEG audio frame (layer bits 00 would be AAC)
+    if head[:4] == b"OggS":
+        return "ogg"
+    if head[4:8] == b"ftyp":
+        return "m4a"
+    if head[:4] == b"\x1a\x45\xdf\xa3":
+        return "webm"
+    return None
+
+
+def probe(data: bytes, max_seconds: float) -> Probe:
+    """The upload's format and length; :class:`AudioError` when it is empty, not audio
+    this server reads, corrupt, or longer than ``max_seconds``."""
+    if not data:
+        raise AudioError("the audio file is empty", "empty_audio")
+    kind = sniff(data)
+    if kind is None:
+        raise AudioError(
+            "the file is not audio in a format this server reads (wav, mp3, flac; ogg, "
+            "webm, m4a with ffmpeg installed)",
+            "unsupported_audio_format",
+        )
+    if kind not in IN_PROCESS:
+        if shutil.which("ffmpeg") is None:
+            raise AudioError(
+                f"{kind} audio needs ffmpeg, which this server does not have; send wav, "
+                "mp3 or flac",
+                "unsupported_audio_format",
+            )
+        return Probe(kind, None)
+    import miniaudio
+
+    reader = {"wav": miniaudio.wav_get_info, "mp3": miniaudio.mp3_get_info,
+              "flac": miniaudio.flac_get_info}[kind]  # fmt: skip
+    try:
+        info = reader(data)
+    except (miniaudio.DecodeError, RuntimeError) as exc:
+        raise AudioError(f"cannot read the {kind} audio: {exc}") from None
+    if info.num_frames <= 0 or info.sample_rate <= 0:
+        raise AudioError(f"the {kind} file holds no audio", "empty_audio")
+    seconds = info.num_frames / info.sample_rate
+    check_length(seconds, max_seconds)
+    return Probe(kind, seconds)
+
+
+def check_length(seconds: float, max_seconds: float) -> None:
+    """:class:`AudioError` when ``seconds`` of audio is more than ``max_seconds``."""
+    if seconds > max_seconds:
+        raise AudioError(
+            f"the audio lasts {seconds:.0f} s, more than this server's limit of "
+            f"{max_seconds:.0f} s (--max-audio-seconds)",
+            "audio_too_long",
+        )
+
+
+def decode(data: bytes, max_seconds: float) -> np.ndarray:
+    """The upload as 16 kHz mono float32 samples (mlx-audio's reader);
+    :class:`AudioError` when it cannot be decoded, holds nothing, or is too long."""
+    import miniaudio
+    from mlx_audio.audio_io import read
+
+    try:
+        samples, _ = read(io.BytesIO(data), dtype="float32", sample_rate=SAMPLE_RATE, nchannels=1)
+    except (miniaudio.DecodeError, RuntimeError, ValueError, OSError) as exc:
+        raise AudioError(f"cannot decode the audio: {exc}") from None
+    samples = np.asarray(samples, dtype=np.float32).reshape(-1)
+    if samples.size == 0:
+        raise AudioError("the audio file holds no samples", "empty_audio")
+    check_length(samples.size / SAMPLE_RATE, max_seconds)
+    return samples
