@@ -144,9 +144,10 @@ def mlxcore_load_model(model: ResolvedModel, config: ServerConfig) -> LoadedMode
 
 @hookspec
 def mlxcore_model_architectures() -> list[str] | None:
-    """Name the checkpoint architectures (``config.json``'s ``architectures`` entries)
-    that this plugin's :func:`mlxcore_load_model` loads although mlx-lm has no module for
-    them, so the model folder check before loading accepts them.
+    """Name the checkpoint architectures (``config.json``'s ``architectures`` entries, or
+    its ``model_type`` for checkpoints that list none) that this plugin's
+    :func:`mlxcore_load_model` loads although mlx-lm has no module for them, so the
+    model folder check before loading accepts them.
 
     When: once per model, before its folder is checked and loaded.
 

@@ -221,3 +221,16 @@ def test_decoding_gives_mlx_audios_samples_and_checks_the_length(tmp_path: Path)
     assert np.array_equal(samples, np.array(load_audio(str(path))))
     with pytest.raises(AudioError, match="limit of 1 s"):
         decode(data, 1.0)
+
+
+def test_ogg_opus_decodes_in_process() -> None:
+    from mlxcore_audio.encoding import encode
+
+    opus = encode(speechlike(3, seed=4), 16000, "opus")
+    assert sniff(opus) == "ogg"
+    assert probe(opus, 60).seconds == pytest.approx(3.0, abs=0.05)
+    samples = decode(opus, 60)
+    assert samples.dtype == np.float32 and samples.size == pytest.approx(48000, abs=800)
+    with pytest.raises(AudioError) as caught:
+        probe(b"OggS" + bytes(40), 60)
+    assert caught.value.code == "invalid_audio"

@@ -172,10 +172,11 @@ def test_bad_uploads_and_fields_are_4xx(server: Server, speech: Path) -> None:
         (t, {"model": "nobody"}, good, 404, None),
         ("/v1/audio/translations", {"model": "whisper", "language": "de"}, good, 400, None),
     ]
+    broken_ogg = b"OggS\x00\x02" + bytes(64)
+    cases.append((t, {"model": "whisper"}, broken_ogg, 400, "invalid_audio"))
     if shutil.which("ffmpeg") is None:
-        cases.append(
-            (t, {"model": "whisper"}, b"OggS\x00\x02" + bytes(64), 400, "unsupported_audio_format")
-        )
+        webm = b"\x1a\x45\xdf\xa3" + bytes(64)
+        cases.append((t, {"model": "whisper"}, webm, 400, "unsupported_audio_format"))
     for path, fields, data, status, code in cases:
         answer = form_post(server, path, fields, data)
         assert answer.status_code == status, (fields, answer.text)
@@ -192,6 +193,15 @@ def test_bad_uploads_and_fields_are_4xx(server: Server, speech: Path) -> None:
         timeout=30,
     )
     assert chat.status_code == 400 and "speech-to-text" in chat.json()["error"]["message"]
+
+
+def test_an_ogg_opus_recording_is_transcribed(server: Server, speech: Path) -> None:
+    from mlxcore_audio.encoding import encode
+
+    opus = encode(speechlike(5, seed=2), 16000, "opus")  # what browsers and phones record
+    answer = form_post(server, "/v1/audio/transcriptions", {"model": "whisper"}, opus)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["usage"]["seconds"] == 5
 
 
 def test_transcriptions_and_chats_share_the_engine(

@@ -179,9 +179,12 @@ def serve(config: ServerConfig, hooks: PluginHooks, models: ServedModels) -> int
             entry.name,
             f" (aliases {', '.join(entry.aliases)})" if entry.aliases else "",
             ", pinned" if entry.pinned else "",
-            {"embed": ", embeddings", "rerank": ", reranker", "stt": ", speech to text"}.get(
-                entry.task, ""
-            ),
+            {
+                "embed": ", embeddings",
+                "rerank": ", reranker",
+                "stt": ", speech to text",
+                "tts": ", text to speech",
+            }.get(entry.task, ""),
         )
     return run_server(router, hooks, preload)
 

@@ -30,6 +30,10 @@ clients use)::
     [models.whisper]
     source = "~/models/whisper-large-v3-turbo"
     task = "stt"                          # /v1/audio/transcriptions, /translations (audio plugin)
+
+    [models.voice]
+    source = "~/models/Kokoro-82M"
+    task = "tts"                          # /v1/audio/speech (audio plugin)
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ if TYPE_CHECKING:
     from mlxcore.config import ServerConfig
     from mlxcore.hooks import PluginHooks
 
-TASKS = ("generate", "embed", "rerank", "stt")
+TASKS = ("generate", "embed", "rerank", "stt", "tts")
 POOLINGS = ("last", "mean")
 FLAG_ALIASES = {"context-length": "max-model-len"}
 """Friendlier names accepted in a models file for some flags."""
@@ -68,8 +72,9 @@ class CatalogEntry:
         pinned: never unloaded to make room or when idle.
         idle_unload: seconds unused before it is unloaded (``None``: the server's).
         task: ``generate`` (chat, completions...), ``embed`` (``/v1/embeddings`` only) or
-            ``rerank`` (``/v1/rerank`` and ``/score``, from the rerank plugin) or ``stt``
-            (``/v1/audio/transcriptions`` and ``/translations``, from the audio plugin).
+            ``rerank`` (``/v1/rerank`` and ``/score``, from the rerank plugin) , ``stt``
+            (``/v1/audio/transcriptions`` and ``/translations``, from the audio plugin) or
+            ``tts`` (``/v1/audio/speech``, from the audio plugin).
         pooling: how an embedding is taken from the hidden states: ``last`` or ``mean``.
         flags: this model's own command-line flags, e.g. ``("--max-num-seqs", "16")``.
     """

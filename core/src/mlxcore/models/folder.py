@@ -27,7 +27,8 @@ def check_model_folder(
     path: Path, *, check_memory: bool = True, architectures: Collection[str] = ()
 ) -> dict[str, Any]:
     """Check an MLX/HF folder without loading tensors; return its ``config.json``
-    (``architectures``: ones a plugin loads, accepted without an mlx-lm module).
+    (``architectures``: ones a plugin loads, accepted without an mlx-lm module: names
+    from ``config.json``'s ``architectures`` or its ``model_type``).
 
     Raises:
         ModelLoadError: missing config, unsupported architecture, missing or corrupt
@@ -35,7 +36,9 @@ def check_model_folder(
     """
     config = read_config(path)
     listed = config.get("architectures") or ()
-    if not (isinstance(listed, list) and set(listed) & set(architectures)):
+    named = set(listed) if isinstance(listed, list) else set()
+    named.add(str(config.get("model_type", "")))
+    if not named & set(architectures):
         mlx_module_for(config, path)
     files = sorted(path.glob("model*.safetensors"))  # what mlx-lm loads
     if not files:

@@ -23,6 +23,7 @@ TASK_ROUTES = {
     "rerank": "a reranker: it serves /v1/rerank and /score only",
     "stt": "a speech-to-text model: it serves /v1/audio/transcriptions and "
     "/v1/audio/translations only",
+    "tts": "a text-to-speech model: it serves /v1/audio/speech only",
 }
 """What a model of each task other than ``generate`` answers, for the 400 elsewhere."""
 

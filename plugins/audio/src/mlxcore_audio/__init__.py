@@ -1,9 +1,11 @@
 """mlxcore plugin ``audio``: OpenAI's ``/v1/audio/transcriptions`` and
-``/v1/audio/translations`` for Whisper models (``task = "stt"``; a Whisper folder is
-served for that task whatever its models file says), loaded through mlx-audio and
-recognized by the engine as a job, one 30-second window between two decode steps
-(:mod:`mlxcore_audio.recognizer`), under the memory budget. Audio decodes in-process
-(miniaudio: wav, mp3, flac). See docs/plugins/audio.md.
+``/v1/audio/translations`` for Whisper models (``task = "stt"``) and ``/v1/audio/speech``
+for mlx-audio's text-to-speech models (``task = "tts"``); such a folder is served for its
+task whatever its models file says. Both load through mlx-audio and run in the engine as
+jobs, a 30-second window or a spoken segment between two decode steps
+(:mod:`mlxcore_audio.recognizer`, :mod:`mlxcore_audio.synthesizer`), under the memory
+budget. Audio decodes and encodes in-process (miniaudio, libsndfile). See
+docs/plugins/audio.md.
 """
 
 from __future__ import annotations
@@ -52,15 +54,16 @@ def mlxcore_configure(config: ServerConfig) -> None:
 
 @hookimpl
 def mlxcore_routes(config: ServerConfig) -> list[Any]:
-    """The transcription and translation routes."""
+    """The transcription, translation and speech routes."""
     from mlxcore_audio.routes import transcriptions, translations
+    from mlxcore_audio.speech_routes import speech
 
-    return [transcriptions, translations]
+    return [transcriptions, translations, speech]
 
 
 @hookimpl
 def mlxcore_load_model(model: Any, config: ServerConfig) -> LoadedModel | None:
-    """Load Whisper checkpoints; pass on every other model."""
+    """Load Whisper and mlx-audio TTS checkpoints; pass on every other model."""
     from mlxcore_audio.loading import load_speech_model
 
     return load_speech_model(model.path, model.source)
@@ -68,7 +71,7 @@ def mlxcore_load_model(model: Any, config: ServerConfig) -> LoadedModel | None:
 
 @hookimpl
 def mlxcore_model_architectures() -> list[str]:
-    """The Whisper checkpoints this plugin loads."""
-    from mlxcore_audio.loading import ARCHITECTURES
+    """The Whisper and TTS checkpoints this plugin loads (architectures, model types)."""
+    from mlxcore_audio.loading import loaded_kinds
 
-    return sorted(ARCHITECTURES)
+    return loaded_kinds()

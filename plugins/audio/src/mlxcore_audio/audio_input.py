@@ -3,9 +3,10 @@ samples, decoded when the work runs.
 
 WAV, MP3 and FLAC decode in-process through miniaudio (mlx-audio's reader, so the samples
 are the ones mlx-audio's own ``load_audio`` gives for the same file: 16 kHz mono
-float32). Other containers (Ogg, WebM, MP4/M4A) need the ``ffmpeg`` program, which
-mlx-audio's reader calls when it is on ``PATH``; without it they are refused with a
-clear error. Nothing here goes to the network.
+float32); Ogg (Vorbis or Opus, what browsers and phones record) through libsndfile (the
+``soundfile`` wheel), averaged to mono and resampled to 16 kHz. WebM and MP4/M4A need
+the ``ffmpeg`` program, which mlx-audio's reader calls when it is on ``PATH``; without it
+they are refused with a clear error. Nothing here goes to the network.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 
 from mlxcore_audio.recognizer import SAMPLE_RATE
 
-IN_PROCESS = ("wav", "mp3", "flac")
+IN_PROCESS = ("wav", "mp3", "flac", "ogg")
 """Formats decoded without ffmpeg."""
 
 
@@ -66,18 +67,20 @@ def probe(data: bytes, max_seconds: float) -> Probe:
     kind = sniff(data)
     if kind is None:
         raise AudioError(
-            "the file is not audio in a format this server reads (wav, mp3, flac; ogg, "
-            "webm, m4a with ffmpeg installed)",
+            "the file is not audio in a format this server reads (wav, mp3, flac, ogg; "
+            "webm and m4a with ffmpeg installed)",
             "unsupported_audio_format",
         )
     if kind not in IN_PROCESS:
         if shutil.which("ffmpeg") is None:
             raise AudioError(
                 f"{kind} audio needs ffmpeg, which this server does not have; send wav, "
-                "mp3 or flac",
+                "mp3, flac or ogg",
                 "unsupported_audio_format",
             )
         return Probe(kind, None)
+    if kind == "ogg":
+        return _probe_ogg(data, max_seconds)
     import miniaudio
 
     reader = {"wav": miniaudio.wav_get_info, "mp3": miniaudio.mp3_get_info,
@@ -91,6 +94,34 @@ def probe(data: bytes, max_seconds: float) -> Probe:
     seconds = info.num_frames / info.sample_rate
     check_length(seconds, max_seconds)
     return Probe(kind, seconds)
+
+
+def _probe_ogg(data: bytes, max_seconds: float) -> Probe:
+    import soundfile
+
+    try:
+        info = soundfile.info(io.BytesIO(data))
+    except (soundfile.LibsndfileError, RuntimeError, TypeError) as exc:
+        raise AudioError(f"cannot read the ogg audio: {exc}") from None
+    if info.frames <= 0 or info.samplerate <= 0:
+        raise AudioError("the ogg file holds no audio", "empty_audio")
+    seconds = info.frames / info.samplerate
+    check_length(seconds, max_seconds)
+    return Probe("ogg", seconds)
+
+
+def _decode_ogg(data: bytes) -> np.ndarray:
+    """Ogg Vorbis or Opus as 16 kHz mono float32 (libsndfile, then a polyphase filter)."""
+    import soundfile
+
+    from mlxcore_audio.encoding import resample
+
+    try:
+        frames, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
+    except (soundfile.LibsndfileError, RuntimeError, TypeError) as exc:
+        raise AudioError(f"cannot decode the audio: {exc}") from None
+    mono = np.asarray(frames.mean(axis=1), dtype=np.float32)
+    return resample(mono, int(rate), SAMPLE_RATE)
 
 
 def check_length(seconds: float, max_seconds: float) -> None:
@@ -109,6 +140,12 @@ def decode(data: bytes, max_seconds: float) -> np.ndarray:
     import miniaudio
     from mlx_audio.audio_io import read
 
+    if sniff(data) == "ogg" and shutil.which("ffmpeg") is None:
+        samples = _decode_ogg(data)
+        check_length(samples.size / SAMPLE_RATE, max_seconds)
+        if samples.size == 0:
+            raise AudioError("the audio file holds no samples", "empty_audio")
+        return samples
     try:
         samples, _ = read(io.BytesIO(data), dtype="float32", sample_rate=SAMPLE_RATE, nchannels=1)
     except (miniaudio.DecodeError, RuntimeError, ValueError, OSError) as exc:

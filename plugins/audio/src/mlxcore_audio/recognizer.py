@@ -24,6 +24,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from mlxcore_audio.own_random import OwnRandom
+
 SAMPLE_RATE = 16000
 """Whisper hears 16 kHz mono."""
 HOP = 160
@@ -150,29 +152,16 @@ def recognize(
     language = options.language or _detect_language(model, mel)
     yield
     walk = _Walk(model, mel, frames, language, options)
-    key = options.seed
+    draws = OwnRandom(options.seed)
     while walk.seek < frames:
-        outside = _random_key()
-        mx.random.seed(key)
-        try:
+        with draws.active():
             new = walk.window()
-        finally:
-            key = _random_key()
-            mx.random.seed(outside)
         if new and on_segments is not None:
             on_segments(new, walk.text())
         yield
     mx.clear_cache()
     duration = len(samples) / SAMPLE_RATE
     return Transcript(walk.text(), walk.segments, language, duration)
-
-
-def _random_key() -> int:
-    """MLX's global random key as the seed that restores it (``mx.random.key(seed)`` is
-    the seed's two 32-bit halves)."""
-    key: Any = mx.random.state[0]  # type: ignore[index]
-    high, low = (int(v) for v in key.tolist())
-    return (high << 32) | low
 
 
 def _detect_language(model: SpeechRecognizer, mel: mx.array) -> str:

@@ -113,3 +113,39 @@ def wav_bytes(samples: np.ndarray, rate: int = 16000, channels: int = 1) -> byte
         out.setframerate(rate)
         out.writeframes(pcm.tobytes())
     return buffer.getvalue()
+
+
+SOPRANO_TINY = {"hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+                "max_position_embeddings": 2048, "rope_theta": 10000.0,
+                "rms_norm_eps": 1e-6}  # fmt: skip
+"""A small Soprano language model (its Vocos decoder keeps Soprano's own shape)."""
+
+
+def build_soprano(folder: Path, seed: int = 0, merges: int = 2000) -> Path:
+    """A Soprano text-to-speech checkpoint (mlx-audio's ``soprano``: a Qwen3 language
+    model whose hidden states a Vocos decoder turns into 32 kHz audio) with seeded
+    weights: the Qwen3 tokenizer cut to ``merges`` merges plus Soprano's ``[STOP]``,
+    ``[TEXT]`` and ``[START]`` tokens."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_audio.tts.models.soprano.soprano import Model, ModelConfig
+    from transformers import AutoTokenizer
+
+    from mlxcore.testing.small_vocab import write_small_qwen3_tokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    write_small_qwen3_tokenizer(folder, merges)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    tokenizer.add_special_tokens(
+        {"pad_token": "[STOP]", "additional_special_tokens": ["[STOP]", "[TEXT]", "[START]"]}
+    )
+    tokenizer.save_pretrained(str(folder))
+    config = {"model_type": "soprano", **SOPRANO_TINY, "vocab_size": len(tokenizer),
+              "tie_word_embeddings": False, "sample_rate": 32000}  # fmt: skip
+    mx.random.seed(seed)
+    model = Model(ModelConfig.from_dict({**config, "model_path": str(folder)}))
+    params: list[tuple[str, Any]] = tree_flatten(model.parameters())  # type: ignore[assignment]
+    mx.save_safetensors(str(folder / "model.safetensors"), dict(params))
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return folder
