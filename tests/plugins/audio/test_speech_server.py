@@ -7,7 +7,6 @@ with chats."""
 from __future__ import annotations
 
 import base64
-import concurrent.futures
 import io
 import json
 from pathlib import Path
@@ -153,18 +152,10 @@ def test_what_a_model_cannot_do_is_a_400(server: Server) -> None:
     assert chat.status_code == 400 and "text-to-speech" in chat.json()["error"]["message"]
 
 
-def test_speech_and_chats_share_the_engine(client: openai.OpenAI, expected: np.ndarray) -> None:
+def test_speech_and_chats_share_the_engine(
+    client: openai.OpenAI, expected: np.ndarray, beside_chats: Any
+) -> None:
     def say(_: int) -> bytes:
         return speak(client, response_format="wav")[44:]
 
-    def chat(i: int) -> str | None:
-        reply = client.chat.completions.create(
-            model="chat", messages=[{"role": "user", "content": f"count to {i}"}], max_tokens=24
-        )
-        return reply.choices[0].finish_reason
-
-    with concurrent.futures.ThreadPoolExecutor(12) as pool:
-        spoken = pool.map(say, range(4))
-        reasons = pool.map(chat, range(8))
-        assert list(spoken) == [pcm16(expected)] * 4
-        assert all(r in ("stop", "length") for r in reasons)
+    assert beside_chats(client, say, 4) == [pcm16(expected)] * 4
