@@ -4,7 +4,8 @@
 refusals a JSON Schema cannot state: a prompt plus ``max_tokens`` beyond the model's
 context, ``min_tokens`` above ``max_tokens``, ``top_logprobs`` without ``logprobs``,
 ``/score``'s ``text_1`` and ``text_2`` lists of different lengths, ``/tokenize`` without
-exactly one of ``prompt`` and ``messages``, and a
+exactly one of ``prompt`` and ``messages``, a route for another kind of model than the
+one served (``model_not_supported``: the audio routes on a chat model), and a
 constraint the server cannot hold
 (``invalid_constraint``: a ``tool_choice`` the ``tools`` do not meet, a ``response_format``
 schema the structured-output compiler does not take). Any other refusal of a schema-valid
@@ -18,6 +19,9 @@ from typing import Any
 
 import schemathesis
 from schemathesis.specs.openapi.checks import positive_data_acceptance
+
+MODEL_LIMITS = ("context_length_exceeded", "invalid_constraint", "model_not_supported")
+"""Codes of refusals that depend on the served model, not on the request's shape."""
 
 RELATIONS = (("min_tokens", "max_tokens"), ("top_logprobs", "logprobs"), ("text_2", "text_1"))
 """Fields whose allowed values depend on another field's (the second named): the
@@ -46,7 +50,7 @@ def _model_limit(body: bytes) -> bool:
     if not isinstance(error, dict):
         return False
     message = str(error.get("message", ""))
-    if error.get("code") in ("context_length_exceeded", "invalid_constraint"):
+    if error.get("code") in MODEL_LIMITS:
         return True
     for field, other in RELATIONS:
         if error.get("param") == field and other in message:

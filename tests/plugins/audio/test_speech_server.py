@@ -159,3 +159,31 @@ def test_speech_and_chats_share_the_engine(
         return speak(client, response_format="wav")[44:]
 
     assert beside_chats(client, say, 4) == [pcm16(expected)] * 4
+
+
+def test_voices_are_checked_against_the_ones_a_checkpoint_ships(
+    folder: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    from mlxcore_audio.loading import load_speech_model
+
+    copy = tmp_path / "voiced"
+    shutil.copytree(folder, copy)
+    (copy / "voices").mkdir()
+    for name in ("af_heart", "bm_george"):  # Kokoro's layout: voices/NAME.safetensors
+        mx.save_safetensors(str(copy / "voices" / f"{name}.safetensors"), {"v": mx.zeros(2)})
+    loaded = load_speech_model(copy)
+    assert loaded is not None
+    model = loaded.model
+    assert model.voices() == ["af_heart", "bm_george"]
+    assert model.refuse("bm_george", 1.0, None) is None
+    assert model.refuse(None, 1.0, None) is None  # the model's default voice
+    refused = model.refuse("alloy", 1.0, None)
+    assert refused is not None and refused.startswith("voice: ") and "af_heart" in refused
+    assert model.refuse("af_heart", 2.0, None) == (
+        "speed: this model speaks at one speed only (leave speed at 1.0)"
+    )
+    plain = load_speech_model(folder)
+    assert plain is not None and plain.model.voices() is None
+    assert plain.model.refuse("any name at all", 1.0, None) is None

@@ -68,9 +68,9 @@ class SpeechSynthesizer(nn.Module):
 
     def refuse(self, voice: str | None, speed: float, instructions: str | None) -> str | None:
         """Why the model cannot do what a request asks (``None``: it can), as
-        ``"field: reason"``."""
+        ``"field: reason"`` (no voice: the model's default one)."""
         known = self.voices()
-        if known is not None and voice not in known:
+        if known is not None and voice is not None and voice not in known:
             return f"voice: this model's voices are {', '.join(known)}"
         if speed != 1.0 and not self.takes("speed"):
             return "speed: this model speaks at one speed only (leave speed at 1.0)"
