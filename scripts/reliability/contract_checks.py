@@ -3,8 +3,9 @@
 ``accepted_within_model_limits`` is Schemathesis' ``positive_data_acceptance`` less the
 refusals a JSON Schema cannot state: a prompt plus ``max_tokens`` beyond the model's
 context, ``min_tokens`` above ``max_tokens``, ``top_logprobs`` without ``logprobs``,
-``/score``'s ``text_1`` and ``text_2`` lists of different lengths, ``/tokenize`` without
-exactly one of ``prompt`` and ``messages``, a route for another kind of model than the
+``/score``'s ``text_1`` and ``text_2`` lists of different lengths, a transcription's
+``timestamp_granularities`` or ``stream`` with a ``response_format`` they do not work
+with, ``/tokenize`` without exactly one of ``prompt`` and ``messages``, a route for another kind of model than the
 one served (``model_not_supported``: the audio routes on a chat model), and a
 constraint the server cannot hold
 (``invalid_constraint``: a ``tool_choice`` the ``tools`` do not meet, a ``response_format``
@@ -23,7 +24,13 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 MODEL_LIMITS = ("context_length_exceeded", "invalid_constraint", "model_not_supported")
 """Codes of refusals that depend on the served model, not on the request's shape."""
 
-RELATIONS = (("min_tokens", "max_tokens"), ("top_logprobs", "logprobs"), ("text_2", "text_1"))
+RELATIONS = (
+    ("min_tokens", "max_tokens"),
+    ("top_logprobs", "logprobs"),
+    ("text_2", "text_1"),
+    ("timestamp_granularities", "verbose_json"),
+    ("stream", "response_format"),
+)
 """Fields whose allowed values depend on another field's (the second named): the
 document says so in prose only."""
 

@@ -269,6 +269,11 @@ def test_generated_bad_forms_are_never_a_5xx(server: Server) -> None:
         statuses = list(pool.map(send, _fuzz_forms(11, 120, good)))
     assert all(s < 500 or s == 503 for s in statuses), sorted(set(statuses))
     assert 200 in statuses and 400 in statuses
+    import glob
+    import tempfile
+
+    # every upload was spooled to a file of its own and removed, answered or refused
+    assert glob.glob(f"{tempfile.gettempdir()}/mlxcore-audio-*") == []
     assert httpx.get(f"{server.base_url}/health", timeout=30).status_code == 200
 
 

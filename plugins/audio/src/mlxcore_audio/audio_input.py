@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import shutil
+from pathlib import Path
 
 import attrs
 import numpy as np
@@ -21,6 +22,26 @@ from mlxcore_audio.recognizer import SAMPLE_RATE
 
 IN_PROCESS = ("wav", "mp3", "flac", "ogg")
 """Formats decoded without ffmpeg."""
+
+Audio = bytes | Path
+"""An upload: its bytes, or the file it was spooled to (a queued request holds no audio
+in memory)."""
+
+
+def _head(audio: Audio) -> bytes:
+    if isinstance(audio, bytes):
+        return audio[:12]
+    with audio.open("rb") as file:
+        return file.read(12)
+
+
+def _size(audio: Audio) -> int:
+    return len(audio) if isinstance(audio, bytes) else audio.stat().st_size
+
+
+def _opened(audio: Audio) -> io.BytesIO | str:
+    """What the readers open: the bytes as a file, or the file's path."""
+    return io.BytesIO(audio) if isinstance(audio, bytes) else str(audio)
 
 
 class AudioError(Exception):
@@ -40,9 +61,9 @@ class Probe:
     seconds: float | None
 
 
-def sniff(data: bytes) -> str | None:
+def sniff(head: bytes) -> str | None:
     """The container an upload's first bytes name (``None``: none this reader knows)."""
-    head = data[:12]
+    head = head[:12]
     if head[:4] == b"RIFF" and head[8:12] == b"WAVE":
         return "wav"
     if head[:4] == b"fLaC":
@@ -59,12 +80,12 @@ def sniff(data: bytes) -> str | None:
     return None
 
 
-def probe(data: bytes, max_seconds: float) -> Probe:
+def probe(audio: Audio, max_seconds: float) -> Probe:
     """The upload's format and length; :class:`AudioError` when it is empty, not audio
     this server reads, corrupt, or longer than ``max_seconds``."""
-    if not data:
+    if _size(audio) == 0:
         raise AudioError("the audio file is empty", "empty_audio")
-    kind = sniff(data)
+    kind = sniff(_head(audio))
     if kind is None:
         raise AudioError(
             "the file is not audio in a format this server reads (wav, mp3, flac, ogg; "
@@ -80,13 +101,19 @@ def probe(data: bytes, max_seconds: float) -> Probe:
             )
         return Probe(kind, None)
     if kind == "ogg":
-        return _probe_ogg(data, max_seconds)
+        return _probe_ogg(audio, max_seconds)
     import miniaudio
 
-    reader = {"wav": miniaudio.wav_get_info, "mp3": miniaudio.mp3_get_info,
-              "flac": miniaudio.flac_get_info}[kind]  # fmt: skip
+    if isinstance(audio, bytes):
+        readers = {"wav": miniaudio.wav_get_info, "mp3": miniaudio.mp3_get_info,
+                   "flac": miniaudio.flac_get_info}  # fmt: skip
+        source: bytes | str = audio
+    else:
+        readers = {"wav": miniaudio.wav_get_file_info, "mp3": miniaudio.mp3_get_file_info,
+                   "flac": miniaudio.flac_get_file_info}  # fmt: skip
+        source = str(audio)
     try:
-        info = reader(data)
+        info = readers[kind](source)
     except (miniaudio.DecodeError, RuntimeError) as exc:
         raise AudioError(f"cannot read the {kind} audio: {exc}") from None
     if info.num_frames <= 0 or info.sample_rate <= 0:
@@ -96,11 +123,11 @@ def probe(data: bytes, max_seconds: float) -> Probe:
     return Probe(kind, seconds)
 
 
-def _probe_ogg(data: bytes, max_seconds: float) -> Probe:
+def _probe_ogg(audio: Audio, max_seconds: float) -> Probe:
     import soundfile
 
     try:
-        info = soundfile.info(io.BytesIO(data))
+        info = soundfile.info(_opened(audio))
     except (soundfile.LibsndfileError, RuntimeError, TypeError) as exc:
         raise AudioError(f"cannot read the ogg audio: {exc}") from None
     if info.frames <= 0 or info.samplerate <= 0:
@@ -110,14 +137,14 @@ def _probe_ogg(data: bytes, max_seconds: float) -> Probe:
     return Probe("ogg", seconds)
 
 
-def _decode_ogg(data: bytes) -> np.ndarray:
+def _decode_ogg(audio: Audio) -> np.ndarray:
     """Ogg Vorbis or Opus as 16 kHz mono float32 (libsndfile, then a polyphase filter)."""
     import soundfile
 
     from mlxcore_audio.encoding import resample
 
     try:
-        frames, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
+        frames, rate = soundfile.read(_opened(audio), dtype="float32", always_2d=True)
     except (soundfile.LibsndfileError, RuntimeError, TypeError) as exc:
         raise AudioError(f"cannot decode the audio: {exc}") from None
     mono = np.asarray(frames.mean(axis=1), dtype=np.float32)
@@ -134,20 +161,20 @@ def check_length(seconds: float, max_seconds: float) -> None:
         )
 
 
-def decode(data: bytes, max_seconds: float) -> np.ndarray:
+def decode(audio: Audio, max_seconds: float) -> np.ndarray:
     """The upload as 16 kHz mono float32 samples (mlx-audio's reader);
     :class:`AudioError` when it cannot be decoded, holds nothing, or is too long."""
     import miniaudio
     from mlx_audio.audio_io import read
 
-    if sniff(data) == "ogg" and shutil.which("ffmpeg") is None:
-        samples = _decode_ogg(data)
+    if sniff(_head(audio)) == "ogg" and shutil.which("ffmpeg") is None:
+        samples = _decode_ogg(audio)
         check_length(samples.size / SAMPLE_RATE, max_seconds)
         if samples.size == 0:
             raise AudioError("the audio file holds no samples", "empty_audio")
         return samples
     try:
-        samples, _ = read(io.BytesIO(data), dtype="float32", sample_rate=SAMPLE_RATE, nchannels=1)
+        samples, _ = read(_opened(audio), dtype="float32", sample_rate=SAMPLE_RATE, nchannels=1)
     except (miniaudio.DecodeError, RuntimeError, ValueError, OSError) as exc:
         raise AudioError(f"cannot decode the audio: {exc}") from None
     samples = np.asarray(samples, dtype=np.float32).reshape(-1)

@@ -3,7 +3,7 @@
 libsndfile (the ``soundfile`` wheel bundles it) writes WAV and FLAC (16-bit), MP3 and
 Ogg Opus in-process; ``pcm`` is raw 16-bit little-endian samples at 24 kHz, the rate
 OpenAI's clients assume. Opus takes 48 kHz, PCM 24 kHz: audio at another rate is
-resampled (a polyphase filter, scipy). AAC has no encoder here: refused.
+resampled (a polyphase filter, scipy). AAC has no encoder here: not offered.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ import numpy as np
 MEDIA_TYPES = {"mp3": "audio/mpeg", "opus": "audio/ogg", "flac": "audio/flac",
                "wav": "audio/wav", "pcm": "audio/pcm"}  # fmt: skip
 """The formats this server writes, and their media types."""
-SPEECH_FORMATS = (*MEDIA_TYPES, "aac")
-"""What ``response_format`` may say (OpenAI's values; ``aac`` is refused with a reason)."""
 PCM_RATE = 24000
 OPUS_RATE = 48000
 _SOUNDFILE = {"wav": ("WAV", "PCM_16"), "flac": ("FLAC", "PCM_16"),

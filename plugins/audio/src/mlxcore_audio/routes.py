@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
+import tempfile
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -48,6 +51,7 @@ from mlxcore_audio.recognizer import (
 
 MAX_FILE_BYTES = 25 * 1024 * 1024
 """Largest audio file (OpenAI's limit: 25 MB)."""
+SPOOL_CHUNK = 1 << 20
 FORM_SLACK = 64 * 1024
 """Room for the form's other fields beside the file."""
 GRANULARITIES = ("segment", "word")
@@ -63,7 +67,8 @@ MAX_PROMPT_CHARS = 4096
 class _Ask:
     """One request's fields, checked."""
 
-    data: bytes
+    audio: Path
+    """The upload, spooled to a file of its own (removed when the request ends)."""
     model: str | None
     response_format: str
     options: Options
@@ -125,9 +130,30 @@ async def _read_form(request: Request[Any, Any, Any], task: str) -> _Ask:
     upload = form.get("file")
     if upload is None or isinstance(upload, str):
         raise invalid("the form needs the audio as its file field", "file")
-    data = await upload.read(MAX_FILE_BYTES + 1)
-    if len(data) > MAX_FILE_BYTES:
-        raise APIError(413, "the audio file is larger than 25 MB", param="file")
+    fields = _checked(form, task)  # before the upload is written anywhere
+    return attrs.evolve(fields, audio=await _spool(upload))
+
+
+async def _spool(upload: Any) -> Path:
+    """The upload written to a temporary file (a queued request holds no audio in
+    memory); a 413 past :data:`MAX_FILE_BYTES`."""
+    handle, name = tempfile.mkstemp(prefix="mlxcore-audio-")
+    path, written = Path(name), 0
+    try:
+        with os.fdopen(handle, "wb") as out:
+            while chunk := await upload.read(SPOOL_CHUNK):
+                written += len(chunk)
+                if written > MAX_FILE_BYTES:
+                    raise APIError(413, "the audio file is larger than 25 MB", param="file")
+                out.write(chunk)
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _checked(form: Any, task: str) -> _Ask:
+    """The form's other fields, checked (the audio not yet spooled: an empty path)."""
     response_format = (_form_value(form, "response_format") or "json").strip()
     if response_format not in FORMATS:
         raise invalid(f"response_format must be one of {', '.join(FORMATS)}", "response_format")
@@ -167,7 +193,7 @@ async def _read_form(request: Request[Any, Any, Any], task: str) -> _Ask:
         words="word" in granularities,
     )
     model = _form_value(form, "model")
-    return _Ask(data, model or None, response_format, options, granularities, stream)
+    return _Ask(Path(), model or None, response_format, options, granularities, stream)
 
 
 def _settings_max_seconds() -> float:
@@ -182,13 +208,23 @@ async def _start(
     """Check the request, queue its job; the request, the model's service, the job and
     where the text so far arrives window by window."""
     ask = await _read_form(request, task)
+    try:
+        return await _queue(request, ask)
+    except BaseException:
+        ask.audio.unlink(missing_ok=True)
+        raise
+
+
+async def _queue(
+    request: Request[Any, Any, Any], ask: _Ask
+) -> tuple[_Ask, GenerationService, Any, asyncio.Queue[str]]:
     svc = await model_service(request, ask.model, task="stt")
     model = svc.runtime.model
     if not isinstance(model, SpeechRecognizer):
         raise invalid("this model does not recognize speech", "model")
     limit = _settings_max_seconds()
     try:
-        found = await svc.prepare(probe, ask.data, limit)
+        found = await svc.prepare(probe, ask.audio, limit)
     except AudioError as exc:
         raise APIError(400, str(exc), param="file", code=exc.code) from None
     seconds = found.seconds if found.seconds is not None else limit
@@ -199,18 +235,27 @@ async def _start(
     def heard(_segments: list[dict[str, Any]], text: str) -> None:
         loop.call_soon_threadsafe(texts.put_nowait, text)
 
-    data, options = ask.data, ask.options
+    audio, options = ask.audio, ask.options
     listener = heard if ask.stream else None
     try:
         job = svc.runtime.engine.submit_job(
             "transcription",
-            lambda: recognize(model, lambda: decode(data, limit), options, listener),
+            lambda: recognize(model, lambda: _decode_spooled(audio, limit), options, listener),
             cost,
         )
     except (EngineOverloaded, EngineUnavailable) as exc:
         svc.metrics.rejected.labels(reason="overloaded").inc()
         raise overloaded(str(exc)) from None
     return ask, svc, job, texts
+
+
+def _decode_spooled(audio: Path, limit: float) -> Any:
+    """The spooled upload's samples; the file is removed once read (the job's first
+    piece), whatever becomes of the request."""
+    try:
+        return decode(audio, limit)
+    finally:
+        audio.unlink(missing_ok=True)
 
 
 def _failure(exc: BaseException) -> APIError:
@@ -224,20 +269,21 @@ def _failure(exc: BaseException) -> APIError:
 async def _answer(request: Request[Any, Any, Any], task: str) -> Any:
     ask, _svc, job, texts = await _start(request, task)
     if ask.stream:
-        return openai_stream(_events(job, texts))
+        return openai_stream(_events(job, texts, ask.audio))
     try:
         transcript: Transcript = await unless_disconnected(request, asyncio.wrap_future(job.future))
     except (AudioError, EngineOverloaded, EngineUnavailable) as exc:
         raise _failure(exc) from None
     finally:
         job.cancel()  # a no-op once it ended; stops it when the client went away
+        ask.audio.unlink(missing_ok=True)
     body = render(transcript, ask.response_format, task, ask.granularities)
     if isinstance(body, str):
         return Response(body, media_type=TEXT_FORMATS[ask.response_format])
     return body
 
 
-async def _events(job: Any, texts: asyncio.Queue[str]) -> AsyncIterator[bytes]:
+async def _events(job: Any, texts: asyncio.Queue[str], audio: Path) -> AsyncIterator[bytes]:
     """``transcript.text.delta`` per window's new text, then ``transcript.text.done``."""
     done = asyncio.wrap_future(job.future)
     sent = ""
@@ -265,11 +311,13 @@ async def _events(job: Any, texts: asyncio.Queue[str]) -> AsyncIterator[bytes]:
         )
     finally:
         job.cancel()
+        audio.unlink(missing_ok=True)
 
 
 FORM: dict[str, Any] = {
     "type": "object",
     "required": ["file"],
+    "additionalProperties": False,
     "properties": {
         "file": {"type": "string", "contentMediaType": "application/octet-stream",
                  "description": "the audio: wav, mp3, flac (ogg, webm, m4a with ffmpeg)"},
