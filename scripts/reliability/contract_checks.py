@@ -5,12 +5,12 @@ refusals a JSON Schema cannot state: a prompt plus ``max_tokens`` beyond the mod
 context, ``min_tokens`` above ``max_tokens``, ``top_logprobs`` without ``logprobs``,
 ``/score``'s ``text_1`` and ``text_2`` lists of different lengths, a transcription's
 ``timestamp_granularities`` or ``stream`` with a ``response_format`` they do not work
-with, ``/tokenize`` without exactly one of ``prompt`` and ``messages``, a route for another kind of model than the
-one served (``model_not_supported``: the audio routes on a chat model), and a
-constraint the server cannot hold
-(``invalid_constraint``: a ``tool_choice`` the ``tools`` do not meet, a ``response_format``
-schema the structured-output compiler does not take). Any other refusal of a schema-valid
-request still fails the run.
+with, ``/tokenize`` without exactly one of ``prompt`` and ``messages``, a route for
+another kind of model than the one served (``model_not_supported``: the audio routes on
+a chat model), and a constraint the server cannot hold (``invalid_constraint``: a
+``tool_choice`` the ``tools`` do not meet, a ``response_format`` schema the
+structured-output compiler does not take). Any other refusal of a schema-valid request
+still fails the run.
 """
 
 from __future__ import annotations
