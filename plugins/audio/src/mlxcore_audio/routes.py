@@ -45,6 +45,7 @@ from mlxcore_audio.recognizer import (
     SpeechRecognizer,
     Transcript,
     language_code,
+    languages,
     recognition_bytes,
     recognize,
 )
@@ -332,7 +333,11 @@ TRANSCRIPTION_FORM: dict[str, Any] = {
     **FORM,
     "properties": {
         **FORM["properties"],
-        "language": STRING,
+        "language": {
+            "type": "string",
+            "description": "an ISO-639-1 code or the language's English name",
+            "enum": sorted({*languages(), *languages().values()}),
+        },
         "timestamp_granularities[]": array({"type": "string", "enum": list(GRANULARITIES)}),
     },
 }
