@@ -32,13 +32,14 @@ def library_rate(model: Any, tokenizer: Any, tokens: int) -> float:
 
 
 def engine_rate(runtime: Any, tokens: int) -> float:
-    """The engine's decode rate for the same prompt (raw text, EOS ignored)."""
+    """The engine's decode rate for the same prompt (raw text; greedy, so it stops where
+    mlx-lm stops)."""
     from mlxcore.cli.commands import generate_spec
     from mlxcore.engine.events import TokenEvent
     from mlxcore.request_builder import build_generations
 
     args = argparse.Namespace(raw=True, prompt=TEXT, system=None, temperature=0.0, seed=None,
-                              request_options={"ignore_eos": True}, max_tokens=tokens)  # fmt: skip
+                              request_options={}, max_tokens=tokens)  # fmt: skip
     (generation,) = build_generations(runtime, generate_spec(args))
     started, count = 0.0, 0
     for event in runtime.engine.stream(generation.request):
