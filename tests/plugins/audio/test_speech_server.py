@@ -18,7 +18,7 @@ import numpy as np
 import openai
 import pytest
 
-from mlxcore.testing.server import Server, ServerFactory
+from mlxcore.testing.server import Server
 from mlxcore_audio.encoding import PCM_RATE, pcm16, resample
 from mlxcore_audio.testing import build_soprano
 
@@ -34,20 +34,8 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(
-    mlxcore_server: ServerFactory,
-    tiny_llama: Path,
-    folder: Path,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Server:
-    config = tmp_path_factory.mktemp("speech") / "models.toml"
-    config.write_text(f'[models.voice]\nsource = "{folder}"\ntask = "tts"\n')
-    return mlxcore_server(tiny_llama, "--served-model-name", "chat", "--models-config", str(config))
-
-
-@pytest.fixture(scope="module")
-def client(server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+def server(serve_beside_chat: Any, folder: Path) -> Server:
+    return serve_beside_chat("voice", folder, "tts")
 
 
 def in_process(folder: Path, text: str, seed: int = 0) -> np.ndarray:

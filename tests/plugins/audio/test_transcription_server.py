@@ -17,7 +17,7 @@ import numpy as np
 import openai
 import pytest
 
-from mlxcore.testing.server import Server, ServerFactory
+from mlxcore.testing.server import Server
 from mlxcore_audio.formats import render
 from mlxcore_audio.recognizer import Transcript
 from mlxcore_audio.testing import build_whisper, speechlike, wav_bytes
@@ -40,23 +40,8 @@ def speech(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def server(
-    mlxcore_server: ServerFactory,
-    tiny_llama: Path,
-    folder: Path,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Server:
-    config = tmp_path_factory.mktemp("audio") / "models.toml"
-    config.write_text(f'[models.whisper]\nsource = "{folder}"\ntask = "stt"\n')
-    return mlxcore_server(
-        tiny_llama, "--served-model-name", "chat", "--models-config", str(config),
-        "--max-audio-seconds", "600",
-    )  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def client(server: Server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+def server(serve_beside_chat: Any, folder: Path) -> Server:
+    return serve_beside_chat("whisper", folder, "stt", "--max-audio-seconds", "600")
 
 
 def in_process(folder: Path, speech: Path, **options: Any) -> Transcript:
