@@ -227,7 +227,7 @@ async def _queue(
     try:
         found = await svc.prepare(probe, ask.audio, limit)
     except AudioError as exc:
-        raise APIError(400, str(exc), param="file", code=exc.code) from None
+        raise _failure(exc) from None
     seconds = found.seconds if found.seconds is not None else limit
     cost = recognition_bytes(model, int(seconds * SAMPLE_RATE) + SAMPLE_RATE)
     loop = asyncio.get_running_loop()
@@ -259,12 +259,11 @@ def _decode_spooled(audio: Path, limit: float) -> Any:
         audio.unlink(missing_ok=True)
 
 
-def _failure(exc: BaseException) -> APIError:
+def _failure(exc: AudioError | EngineOverloaded | EngineUnavailable) -> APIError:
+    """The answer to a job that ended in ``exc``."""
     if isinstance(exc, AudioError):
         return APIError(400, str(exc), param="file", code=exc.code)
-    if isinstance(exc, (EngineOverloaded, EngineUnavailable)):
-        return overloaded(str(exc))
-    raise exc
+    return overloaded(str(exc))
 
 
 async def _answer(request: Request[Any, Any, Any], task: str) -> Any:

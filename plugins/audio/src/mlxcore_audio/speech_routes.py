@@ -23,7 +23,7 @@ from litestar.response import Stream
 
 from mlxcore.builtin.openai.encode import openai_stream, sse
 from mlxcore.engine.engine import EngineOverloaded, EngineUnavailable
-from mlxcore.server.errors import APIError, invalid, overloaded
+from mlxcore.server.errors import invalid, overloaded
 from mlxcore.server.frontend import decode_body, model_service, unless_disconnected
 from mlxcore.server.openapi import BODY_OPTION, REPLIES_OPTION, reply
 from mlxcore_audio.encoding import (
@@ -57,12 +57,6 @@ class SpeechRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     seed: Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)] | None = None
     """Not OpenAI's: where the synthesis's random draws start (default 0, so the same
     request gives the same audio)."""
-
-
-def _failure(exc: BaseException) -> APIError:
-    if isinstance(exc, (EngineOverloaded, EngineUnavailable)):
-        return overloaded(str(exc))
-    raise exc
 
 
 async def _start(
@@ -123,7 +117,7 @@ async def _segments(job: Any, chunks: asyncio.Queue[Any]) -> AsyncIterator[Any]:
             try:
                 done.result()
             except (EngineOverloaded, EngineUnavailable) as exc:
-                raise _failure(exc) from None
+                raise overloaded(str(exc)) from None
             return
     finally:
         job.cancel()
@@ -185,7 +179,7 @@ async def speech(request: Request[Any, Any, Any]) -> Any:
     try:
         spoken: Speech = await unless_disconnected(request, asyncio.wrap_future(job.future))
     except (EngineOverloaded, EngineUnavailable) as exc:
-        raise _failure(exc) from None
+        raise overloaded(str(exc)) from None
     finally:
         job.cancel()
     data = await asyncio.to_thread(encode, spoken.samples, spoken.sample_rate, body.response_format)

@@ -49,7 +49,9 @@ class SpeechSynthesizer(nn.Module):
         super().__init__()
         self.tts = tts
         """mlx-audio's TTS ``Model`` (its weights are this module's)."""
-        self.folder = path
+        self._parameters = frozenset(inspect.signature(tts.generate).parameters)
+        found = sorted(p.stem for p in (path / "voices").glob("*.safetensors"))
+        self._voices = found or None
 
     @property
     def sample_rate(self) -> int:
@@ -58,13 +60,13 @@ class SpeechSynthesizer(nn.Module):
 
     def takes(self, name: str) -> bool:
         """Whether the model's ``generate`` has the parameter ``name``."""
-        return name in inspect.signature(self.tts.generate).parameters
+        return name in self._parameters
 
     def voices(self) -> list[str] | None:
         """The voices the checkpoint ships (``voices/NAME.safetensors``, Kokoro's
-        layout); ``None`` when it names none (the model takes any or ignores it)."""
-        found = sorted(p.stem for p in (self.folder / "voices").glob("*.safetensors"))
-        return found or None
+        layout); ``None`` when it names none (the model takes any or ignores it). Read once,
+        at load."""
+        return self._voices
 
     def refuse(self, voice: str | None, speed: float, instructions: str | None) -> str | None:
         """Why the model cannot do what a request asks (``None``: it can), as
