@@ -3,10 +3,16 @@ normalised pick for rows where rounding could make a difference."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import mlx.core as mx
 
 from mlxcore.defaults.decoder import PlainDecoder
+from mlxcore.engine.request import GenerationRequest, SamplingParams
 from mlxcore.engine.row_sampling import NEAR_TIE, exact_greedy, near_ties
+from mlxcore.engine.sampling import greedy
+from mlxcore.engine.strategies import DecodeSequence
 
 
 def settled(logits: mx.array) -> list[int]:
@@ -50,3 +56,58 @@ def test_unflagged_rows_agree_with_the_exact_pick() -> None:
 def test_the_threshold_covers_float32_rounding_near_log_vocab() -> None:
     # results of logits - logsumexp lie within log(vocab) < 32 of zero: one ulp there
     assert NEAR_TIE > 2 * 2.0**-19
+
+
+class RoundingTies:
+    """A real model whose rows fed a multiple of 3 get logits with a rounding tie: two
+    logits 5e-8 apart, so the raw argmax takes the larger (:data:`LARGER`) and mlx-lm's
+    normalised pick the earlier, equal after rounding (:data:`SMALLER`)."""
+
+    SMALLER, LARGER = 301, 302  # 301 is no multiple of 3: the next step is the model's own
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.layers = model.layers
+
+    def __call__(self, inputs: mx.array, cache: Any = None, **kwargs: Any) -> mx.array:
+        logits = self.model(inputs, cache=cache, **kwargs)
+        row = mx.zeros((logits.shape[-1],), dtype=logits.dtype)
+        row[self.LARGER] = 0.1
+        row[self.SMALLER] = 0.1 - 5e-8
+        return mx.where((inputs % 3 == 0)[..., None], row, logits)
+
+
+def test_a_step_launched_before_its_input_was_checked_is_launched_again_on_a_tie(
+    tiny_qwen3: Path,
+) -> None:
+    """The fast path launches a step on the raw argmax before checking the last step's near
+    ties; where the exact pick differs, the step's token is taken back from the batch cache
+    and the step launched again: every row's tokens stay mlx-lm's."""
+    from mlx_lm import load, stream_generate
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model, tokenizer = load(str(tiny_qwen3))
+    tying = RoundingTies(model)
+    tie = tying(mx.array([[3]]))[0, -1][None]
+    assert mx.argmax(tie, axis=-1).item() == RoundingTies.LARGER
+    assert exact_greedy(tie).item() == RoundingTies.SMALLER, "the rounding tie did not happen"
+
+    prompts = [[1000 + 17 * i + j for j in range(9)] for i in range(3)]
+    steps = 40
+    decoder = PlainDecoder(tying)
+    firsts = []
+    for uid, prompt in enumerate(prompts):
+        cache = make_prompt_cache(tying)
+        first = exact_greedy(tying(mx.array(prompt)[None], cache=cache)[:, -1, :]).item()
+        firsts.append(first)
+        request = GenerationRequest(tuple(prompt), steps, sampling=SamplingParams())
+        decoder.add(DecodeSequence(uid, request, cache, [*prompt, first], first, greedy))
+    got: dict[int, list[int]] = {uid: [first] for uid, first in enumerate(firsts)}
+    for _ in range(steps):
+        for uid, tokens in decoder.step().items():
+            got[uid] += [t.token for t in tokens]
+    for uid, prompt in enumerate(prompts):
+        expected = [r.token for r in stream_generate(tying, tokenizer, prompt, steps)]
+        assert got[uid][:steps] == expected
+    stats = decoder.stats()
+    assert stats["greedy_exact_fallbacks"] > 0 and stats["greedy_relaunched_steps"] > 0, stats

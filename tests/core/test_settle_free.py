@@ -43,7 +43,11 @@ def test_greedy_tokens_stay_mlx_lms_as_rows_join_and_leave(settle_free_rt: Runti
     [res] = submit_together(rt, [late])
     assert_matches_mlx_lm(rt, late, res)
     stats = rt.engine._loop.decoder.stats()  # type: ignore[attr-defined]
-    assert stats == {"greedy_exact_fallbacks": 0, "sampling_redraws": 0}
+    assert stats == {
+        "greedy_exact_fallbacks": 0,
+        "sampling_redraws": 0,
+        "greedy_relaunched_steps": 0,
+    }
 
 
 def test_a_seeded_request_draws_the_same_alone_and_in_a_batch(settle_free_rt: Runtime) -> None:

@@ -15,10 +15,19 @@ the largest one, which needs the two within a few units in the last place. So wh
 sequence is greedy and no one asked for logprobs, a step takes ``argmax(logits)`` and
 also flags the rows where another logit lies within
 :data:`~mlxcore.engine.row_sampling.NEAR_TIE` of the maximum; before
-those tokens are used, a flagged row gets mlx-lm's exact computation instead. The tokens
-are always those of the exact path. Checking the flags waits for the step, so on a GPU
-(``settle_free``, see :mod:`mlxcore.engine.row_sampling`) steps take mlx-lm's exact pick
-and draw lazily instead: the next step's graph is then built while the GPU computes.
+the tokens are reported, a flagged row gets mlx-lm's exact computation instead. The tokens
+are always those of the exact path.
+
+**The check runs after the next step is launched.** Waiting for a step's flags before
+building the next step's graph left the CPU idle while Python built it (5% of a step on a
+small model), and reading a flag through a new operation queued it behind the next step.
+So the next step is launched on the raw argmax first, then the flags (computed with their
+step) are read; where a flagged row's exact pick is another token, the batch cache takes
+the step's token back (``trim``) and the step is launched again (counted in
+``greedy_relaunched_steps``). Layers that cannot take a token back (recurrent state) and
+rows with logits processors (which may keep state) check before launching, as before. On
+a GPU (``settle_free``, see :mod:`mlxcore.engine.row_sampling`) steps take mlx-lm's exact
+pick and draw lazily instead: the next step's graph is then built while the GPU computes.
 
 **Rows leave lazily.** Taking a row out of mlx-lm's batch caches copies every layer's
 keys and values, and must first wait for the step in flight: done at every removal, it
@@ -35,10 +44,10 @@ from typing import Any
 
 import attrs
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache, QuantizedKVCache
+from mlx_lm.models.cache import BatchKVCache, KVCache, QuantizedKVCache
 
 from mlxcore.engine.adapters import adapters_of, forward
-from mlxcore.engine.kv_quant import KVQuantization
+from mlxcore.engine.kv_quant import BatchQuantizedKVCache, KVQuantization
 from mlxcore.engine.row_sampling import (
     BatchDraws,
     PendingDraw,
@@ -56,6 +65,10 @@ from mlxcore.engine.strategies import (
     SequenceCache,
     StepToken,
 )
+
+_TAKES_BACK = (BatchKVCache, BatchQuantizedKVCache)
+"""Batch cache layers whose last token can be taken back (``trim``): a step on them need
+not wait for the previous step's near-tie check."""
 
 LEFT_SHARE = 0.25
 """Compact the batch once this share of its rows belongs to removed sequences."""
@@ -125,9 +138,15 @@ class PlainDecoder(Decoder):
         self.redrawn = 0
         """Rows of sampled steps drawn again the direct way (all proposals rejected,
         or a greedy row's near tie)."""
+        self.relaunched = 0
+        """Steps launched again because a near tie's exact pick changed their input."""
 
     def stats(self) -> dict[str, float]:
-        return {"greedy_exact_fallbacks": self.exact_fallbacks, "sampling_redraws": self.redrawn}
+        return {
+            "greedy_exact_fallbacks": self.exact_fallbacks,
+            "sampling_redraws": self.redrawn,
+            "greedy_relaunched_steps": self.relaunched,
+        }
 
     def __len__(self) -> int:
         return sum(not slot.left for slot in self.slots) + len(self._joining)
@@ -300,8 +319,28 @@ class PlainDecoder(Decoder):
         if not self.slots:
             self._touched = False
             return {}
-        self._settle()
+        deferred = self._deferrable_check()
+        if deferred is None:
+            self._settle()
         inputs, input_logprobs = self._pending, self._pending_logprobs
+        self._launch(inputs)
+        if deferred is not None:
+            fixed = self._checked(deferred, inputs)
+            if fixed is not None:
+                # a near tie's exact pick differs from the token this step was launched
+                # with: take that token's keys and values back and launch again
+                for layer in self.cache:
+                    layer.trim(1)
+                self.relaunched += 1
+                inputs = fixed
+                self._launch(inputs)
+        out = self._materialise(inputs, input_logprobs)
+        self._touched = False
+        return out
+
+    def _launch(self, inputs: Any) -> None:
+        """Build this step's forward pass on ``inputs`` and start computing it; the
+        sampled tokens become ``_pending`` (lazy)."""
         requests = [s.seq.request for s in self.slots] if self._adapted else ()
         logits = forward(self.model, inputs[:, None], self.cache, requests)[:, -1, :]
         logits = self._process(logits, inputs)
@@ -312,25 +351,44 @@ class PlainDecoder(Decoder):
             self._pending = exact_greedy(logits)
             self._pending_logprobs = None
             mx.async_eval(self._pending)
-            return self._report(inputs, input_logprobs)
+            return
         if all_greedy and not wants and logits.dtype == mx.float32:
             self._pending = mx.argmax(logits, axis=-1)
             self._unchecked = (logits, near_ties(logits))
             self._pending_logprobs = None
             mx.async_eval(self._pending, self._unchecked[1])
-            return self._report(inputs, input_logprobs)
+            return
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True) if wants else None
         self._draw = self._rows.draw(logits, settle_free=self.settle_free)
         self._pending = self._draw.tokens
         self._pending_logprobs = logprobs
         redo = [] if self._draw.redo is None else [self._draw.redo]
         mx.async_eval(self._pending, *redo, *([logprobs] if wants else []))
-        return self._report(inputs, input_logprobs)
 
-    def _report(self, inputs: Any, input_logprobs: Any) -> dict[int, list[StepToken]]:
-        out = self._materialise(inputs, input_logprobs)
-        self._touched = False
-        return out
+    def _deferrable_check(self) -> tuple[Any, Any] | None:
+        """The last fast greedy step's near-tie check, taken out to run after this step is
+        launched (see the module's docstring), or None where this step must settle first:
+        a cache layer that cannot take a token back, or logits processors (which may keep
+        state and must not see a token twice)."""
+        if self._unchecked is None or self._draw is not None:
+            return None
+        if not all(type(layer) in _TAKES_BACK for layer in self.cache):
+            return None
+        if any(s.seq.logits_processors for s in self.slots if not s.left):
+            return None
+        deferred, self._unchecked = self._unchecked, None
+        return deferred
+
+    def _checked(self, deferred: tuple[Any, Any], fed: Any) -> Any | None:
+        """The tokens the step that produced ``deferred`` should have given, where they
+        differ from ``fed`` (a near tie whose exact pick is another token); else None."""
+        logits, ties = deferred
+        flagged = sum(ties.tolist())  # computed with its step: no new work to wait behind
+        if not flagged:
+            return None
+        self.exact_fallbacks += flagged
+        exact = mx.where(ties, exact_greedy(logits), fed)
+        return None if mx.array_equal(exact, fed).item() else exact
 
     def _settle(self) -> None:
         """Give the rows of the last step that had a near tie mlx-lm's exact pick, and
@@ -344,7 +402,7 @@ class PlainDecoder(Decoder):
             return
         logits, ties = self._unchecked
         self._unchecked = None
-        flagged = int(ties.sum().item())
+        flagged = sum(ties.tolist())
         if flagged:
             self.exact_fallbacks += flagged
             self._pending = mx.where(ties, exact_greedy(logits), self._pending)
