@@ -122,6 +122,12 @@ class ServerConfig:
         help="a request waiting longer than this to start is answered as overloaded "
         "(503 with Retry-After; 0: no limit)",
     )  # fmt: skip
+    burst_gather: float = setting(
+        0.004, group=ENGINE, type=seconds, metavar="SECONDS",
+        help="requests reaching an idle engine less than SECONDS apart start together (one "
+        "prefill batch: no stream waits on the next arrivals' joins); the first waits at "
+        "most 5 x SECONDS (0: each starts at once)",
+    )  # fmt: skip
     priority_aging: float = setting(
         5.0, group=ENGINE, type=seconds, metavar="SECONDS",
         help="a waiting request gains one priority level for each SECONDS it waits, so "

@@ -33,6 +33,10 @@ class EngineUnavailable(MlxcoreError):
     """The engine is restarting after a fault, has failed for good, or is shutting down."""
 
 
+GATHER_CAP = 5
+"""The longest a request reaching an idle engine waits for others, in ``--burst-gather``s."""
+
+
 def admission_order(
     waiting: Sequence[RequestHandle], now: float, aging: float
 ) -> list[RequestHandle]:
@@ -198,6 +202,23 @@ class Admission:
         if not (self._waiting or loop.paused):
             return 0.0
         return max(0.005, self._interactive_at + self.config.background_grace - time.monotonic())
+
+    def _gather_wait(self, loop: BatchLoop) -> float:
+        """Seconds to wait before admitting requests that reach an idle engine in a burst
+        (``--burst-gather``; 0: admit now). Clients that send many requests at once reach
+        the engine a few milliseconds apart (each is parsed and templated first); started
+        one by one, the first ones decode while each later arrival's join stretches their
+        steps. So with nothing running, admission waits until no request has arrived for
+        the gather time, at most :data:`GATHER_CAP` times it from the first arrival."""
+        gather = self.config.burst_gather
+        if gather <= 0 or self._stopping or not self._waiting or loop.live:
+            return 0.0
+        if self.jobs.running is not None or self.jobs.waiting:
+            return 0.0
+        now = time.monotonic()
+        quiet = self._waiting[-1].queued_at + gather - now
+        cap = self._waiting[0].queued_at + GATHER_CAP * gather - now
+        return max(0.0, min(quiet, cap))
 
     def _fits(self, loop: BatchLoop, reserved: int) -> bool:
         budget = self.memory.kv_budget(held_bytes(loop))

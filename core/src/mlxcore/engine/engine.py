@@ -374,6 +374,10 @@ class Engine(Admission):
                         if self._stopping and self._drained(loop):
                             break
                         self._expire_waiting()
+                        gather = self._gather_wait(loop) if sync is None else 0.0
+                        if gather:  # a burst is arriving at an idle engine: start it whole
+                            self._wake.wait(timeout=gather)
+                            continue
                         admitted = [] if self._stopping else self._take_waiting(loop)
                         if self.jobs.running is None and not self._stopping:
                             self._take_job(loop)

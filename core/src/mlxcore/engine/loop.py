@@ -287,7 +287,12 @@ class BatchLoop:
         short prompts whole (together when they can), or the next chunk of a long one.
         A long prompt's chunk is sized by the pacer while sequences decode; returns the
         chunk's planned tokens (the pacer's measurement), -1 for short prompts (whose
-        cost is mostly the join, not their tokens: the pacer leaves them alone)."""
+        cost is mostly the join, not their tokens: the pacer leaves them alone).
+
+        With nothing decoding, short prompts are prefilled batch after batch, up to the
+        step's token budget, before the first decode step: the streams of a burst then
+        start together, instead of the first batch decoding while each later batch's join
+        stretches its steps."""
         self._drop_cancelled_prefills()
         decoding = len(self.decoder) > 0
         budget = self.prefill_step_size
@@ -297,18 +302,27 @@ class BatchLoop:
         def is_short(item: Any) -> bool:
             return not item.prefill_begun and item.remaining <= budget + 1
 
-        plan = plan_step(
-            self.prefilling, is_short, budget, self.prefill_batch_size, self.shorts_in_a_row
-        )
-        if plan is None:
-            return 0
-        group: list[AdmittedRequest] = plan.group  # type: ignore[assignment]
-        if not plan.short:
-            self.shorts_in_a_row = 0
-            chunk = min(budget, self.pacer.budget()) if decoding else None
-            planned = min(chunk or budget, group[0].remaining)
-            self.advance_prefill(group[0], chunk)
-            return planned
+        spent = 0
+        while True:
+            plan = plan_step(
+                self.prefilling, is_short, budget, self.prefill_batch_size, self.shorts_in_a_row
+            )
+            if plan is None or (spent and not plan.short):
+                return -1 if spent else 0
+            group: list[AdmittedRequest] = plan.group  # type: ignore[assignment]
+            if not plan.short:
+                self.shorts_in_a_row = 0
+                chunk = min(budget, self.pacer.budget()) if decoding else None
+                planned = min(chunk or budget, group[0].remaining)
+                self.advance_prefill(group[0], chunk)
+                return planned
+            spent += sum(live.remaining for live in group)
+            self._prefill_short(group)
+            if decoding or spent >= budget:
+                return -1
+
+    def _prefill_short(self, group: list[AdmittedRequest]) -> None:
+        """Prefill the short prompts ``group`` whole (in one batch where they can be)."""
         more = len(self.prefilling) > len(group)
         self.shorts_in_a_row = self.shorts_in_a_row + 1 if more else 0
         together = [live for live in group if self._batchable(live)] if len(group) > 1 else []
@@ -316,7 +330,6 @@ class BatchLoop:
             group = [live for live in group if live not in together]
         for live in group:
             self.prefill_whole(live)
-        return -1
 
     def _drop_cancelled_prefills(self) -> None:
         for live in [x for x in self.prefilling if x.handle.cancel_reason is not None]:
