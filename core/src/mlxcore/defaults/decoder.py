@@ -66,7 +66,28 @@ from mlxcore.engine.strategies import (
     StepToken,
 )
 
-_TAKES_BACK = (BatchKVCache, BatchQuantizedKVCache)
+
+class _BatchKVCache(BatchKVCache):
+    """mlx-lm's batch KV cache, but a lone row's one-token step gets no mask, as
+    mlx-lm's own ``KVCache`` gives it: with one row there is no padding to hide (a merge
+    of one cache has none, and ``filter`` shifts the kept rows' common padding away), so
+    the all-true mask only cost its construction and a masked attention each layer."""
+
+    def make_mask(self, N: int, return_array: bool = False, **kwargs: Any) -> Any:
+        lone = self.keys is not None and self.keys.shape[0] == 1
+        if N == 1 and lone and not return_array and kwargs.get("window_size") is None:
+            return None
+        return super().make_mask(N, return_array=return_array, **kwargs)
+
+
+def _merged(layers: list[Any]) -> Any:
+    """One layer's batch cache for the sequences' own ``layers``."""
+    if type(layers[0]) is KVCache:
+        return _BatchKVCache.merge(layers)
+    return type(layers[0]).merge(layers)
+
+
+_TAKES_BACK = (BatchKVCache, BatchQuantizedKVCache, _BatchKVCache)
 """Batch cache layers whose last token can be taken back (``trim``): a step on them need
 not wait for the previous step's near-tie check."""
 
@@ -219,9 +240,7 @@ class PlainDecoder(Decoder):
                 for i in range(len(first_cache))
             ]
         else:
-            new = [
-                layer.merge([s.cache[i] for s in joining]) for i, layer in enumerate(first_cache)
-            ]
+            new = [_merged([s.cache[i] for s in joining]) for i in range(len(first_cache))]
         shifts = [s.position_offset for s in joining]
         if any(shifts):
             # Batch KV caches keep one rotary offset per row, apart from the storage index:
