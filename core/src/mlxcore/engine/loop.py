@@ -284,15 +284,11 @@ class BatchLoop:
 
     def prefill_step(self) -> int:
         """One step's prefill work, chosen by :func:`~mlxcore.engine.prefill_plan.plan_step`:
-        short prompts whole (together when they can), or the next chunk of a long one.
-        A long prompt's chunk is sized by the pacer while sequences decode; returns the
-        chunk's planned tokens (the pacer's measurement), -1 for short prompts (whose
-        cost is mostly the join, not their tokens: the pacer leaves them alone).
-
-        With nothing decoding, short prompts are prefilled batch after batch, up to the
-        step's token budget, before the first decode step: the streams of a burst then
-        start together, instead of the first batch decoding while each later batch's join
-        stretches its steps."""
+        short prompts whole (together when they can; with nothing decoding, batch after
+        batch up to the step's budget, so a burst's streams start together), or the next
+        chunk of a long one, sized by the pacer while sequences decode. Returns the chunk's
+        planned tokens (the pacer's measurement), -1 for short prompts (whose cost is
+        mostly the join, not their tokens: the pacer leaves them alone)."""
         self._drop_cancelled_prefills()
         decoding = len(self.decoder) > 0
         budget = self.prefill_step_size
