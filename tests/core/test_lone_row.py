@@ -9,9 +9,9 @@ from mlx_lm.models.cache import KVCache
 from mlxcore.defaults.decoder import _merged
 
 
-def filled(length: int) -> KVCache:
+def filled(length: int, dim: int = 4) -> KVCache:
     cache = KVCache()
-    cache.update_and_fetch(mx.ones((1, 2, length, 4)), mx.ones((1, 2, length, 4)))
+    cache.update_and_fetch(mx.ones((1, 2, length, dim)), mx.ones((1, 2, length, dim)))
     return cache
 
 
@@ -41,3 +41,11 @@ def test_without_a_mask_a_lone_row_attends_as_with_the_all_true_one() -> None:
     unmasked = scaled_dot_product_attention(q, keys, values, cache, scale=0.5, mask=None)
     masked = scaled_dot_product_attention(q, keys, values, cache, scale=0.5, mask=full)
     assert mx.array_equal(unmasked, masked).item()
+
+
+def test_a_running_batch_of_the_subclass_is_quantized_at_the_start() -> None:
+    from mlxcore.engine.kv_quant import BatchQuantizedKVCache, KVQuantization
+
+    cache = [_merged([filled(5, 64)]), _merged([filled(5, 64), filled(3, 64)])]
+    KVQuantization(bits=8, group_size=64, start=0).quantize_batch(cache)
+    assert all(type(layer) is BatchQuantizedKVCache for layer in cache)

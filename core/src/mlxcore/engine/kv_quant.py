@@ -104,7 +104,7 @@ class KVQuantization:
     def quantize_batch(self, cache: list[Any]) -> None:
         """Convert, in place, the attention layers of a running batch cache."""
         for i, layer in enumerate(cache):
-            if type(layer) is BatchKVCache:
+            if isinstance(layer, BatchKVCache):  # the plain decoder's subclass included
                 cache[i] = BatchQuantizedKVCache.from_batch(layer, self.group_size, self.bits)
 
     def bytes_per_token(self, model: Any) -> int:
