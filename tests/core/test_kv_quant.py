@@ -94,10 +94,22 @@ def test_quantization_starts_where_kv_quant_start_says(
     qwen3_kv: Path, runtime: Callable[..., Runtime]
 ) -> None:
     rt = quantized(qwen3_kv, runtime, 4, start=40)
+    decoder: Any = rt.engine._loop.decoder
+    kinds: list[str] = []
+    step = decoder.step
+
+    def noted() -> Any:  # the batch's attention layer type after each step
+        out = step()
+        kinds.append(type(decoder.cache[0]).__name__ if decoder.cache else "")
+        return out
+
+    decoder.step = noted
     # 30 prompt tokens: full precision for the prompt and the first ten tokens, then int4
     req = GenerationRequest(prompts(3, 1, 30, 31)[0], 24)
     (res,) = submit_together(rt, [req])
     assert_matches_mlx_lm(rt, req, res, **mlx_lm_args(4, start=40))
+    switched = kinds.index("BatchQuantizedKVCache")  # the running batch was converted
+    assert 8 <= switched <= 11 and "BatchQuantizedKVCache" not in kinds[:switched], kinds
     # a prompt past the start is quantized after its first prefill chunk, as mlx-lm does
     req = GenerationRequest(prompts(4, 1, 140, 141)[0], 8)
     (res,) = submit_together(rt, [req])
