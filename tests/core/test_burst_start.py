@@ -8,11 +8,15 @@ import random
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from mlxcore.engine.request import GenerationRequest, SamplingParams
 from mlxcore.runtime import Runtime
-from mlxcore.testing.runtime import Result, assert_matches_mlx_lm, submit_together
+from mlxcore.testing.runtime import (
+    Result,
+    after_each_step,
+    assert_matches_mlx_lm,
+    submit_together,
+)
 
 
 def prompt(seed: int, n: int = 12) -> tuple[int, ...]:
@@ -21,17 +25,8 @@ def prompt(seed: int, n: int = 12) -> tuple[int, ...]:
 
 
 def batch_sizes(rt: Runtime) -> list[int]:
-    """Records the decoder's rows at each of its steps (this runtime's decoder only)."""
-    decoder: Any = rt.engine._loop.decoder
-    sizes: list[int] = []
-    step = decoder.step
-
-    def counted() -> Any:
-        sizes.append(len(decoder))
-        return step()
-
-    decoder.step = counted
-    return sizes
+    """The decoder's rows after each of its steps."""
+    return after_each_step(rt, len)
 
 
 def submit_apart(rt: Runtime, requests: list[GenerationRequest], gap: float) -> list[Result]:

@@ -21,6 +21,7 @@ from mlxcore.errors import UsageError
 from mlxcore.runtime import Runtime
 from mlxcore.testing.runtime import (
     Result,
+    after_each_step,
     assert_matches_mlx_lm,
     make_runtime,
     submit_together,
@@ -94,16 +95,7 @@ def test_quantization_starts_where_kv_quant_start_says(
     qwen3_kv: Path, runtime: Callable[..., Runtime]
 ) -> None:
     rt = quantized(qwen3_kv, runtime, 4, start=40)
-    decoder: Any = rt.engine._loop.decoder
-    kinds: list[str] = []
-    step = decoder.step
-
-    def noted() -> Any:  # the batch's attention layer type after each step
-        out = step()
-        kinds.append(type(decoder.cache[0]).__name__ if decoder.cache else "")
-        return out
-
-    decoder.step = noted
+    kinds = after_each_step(rt, lambda d: type(d.cache[0]).__name__ if d.cache else "")
     # 30 prompt tokens: full precision for the prompt and the first ten tokens, then int4
     req = GenerationRequest(prompts(3, 1, 30, 31)[0], 24)
     (res,) = submit_together(rt, [req])

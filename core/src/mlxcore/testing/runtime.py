@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -157,3 +157,19 @@ def assert_thinking_budget_same_on_off(rt: Runtime, prompt_text: str, budget: in
     assert outputs[0] == outputs[1]
     forced = list(markers.forced_close)
     assert outputs[0][budget : budget + len(forced)] == forced, outputs[0]
+
+
+def after_each_step(rt: Runtime, read: Callable[[Any], Any]) -> list[Any]:
+    """A list that gets ``read(decoder)`` after each decode step of ``rt``'s current
+    decoder (wraps that decoder instance's ``step``; nothing else is patched)."""
+    decoder: Any = rt.engine._loop.decoder
+    seen: list[Any] = []
+    step = decoder.step
+
+    def recorded() -> Any:
+        out = step()
+        seen.append(read(decoder))
+        return out
+
+    decoder.step = recorded
+    return seen
