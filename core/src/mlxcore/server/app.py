@@ -15,7 +15,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -382,7 +382,7 @@ def create_app(
         route_handlers=handlers,
         exception_handlers={Exception: errors},
         before_request=_before_request(keys),
-        before_send=[request_ids.echo, router.metrics.count_response],
+        before_send=[_on_response_start(router.metrics)],
         cors_config=cors,
         request_max_body_size=config.max_request_body_bytes,
         lifespan=[lifespan],
@@ -396,6 +396,18 @@ def create_app(
     app.state.internal_token = new_token()
     app.state.metrics = router.metrics
     return app
+
+
+def _on_response_start(metrics: Metrics) -> Callable[[Any, Any], Awaitable[None]]:
+    """One ``before_send`` hook for the response's start (request id header, metrics);
+    a streamed body's chunks go past it with one check each."""
+
+    async def hook(message: Any, scope: Any) -> None:
+        if message["type"] == "http.response.start":
+            await request_ids.echo(message, scope)
+            await metrics.count_response(message, scope)
+
+    return hook
 
 
 def serve(router: ModelRouter, hooks: PluginHooks, preload: Sequence[ModelSlot] = ()) -> int:

@@ -11,6 +11,7 @@ stops early (client gone, stop string), the engine request is cancelled.
 from __future__ import annotations
 
 import asyncio
+import collections
 import copy
 import functools
 import logging
@@ -146,7 +147,7 @@ class GenerationService:
         client went away) while waiting, the request leaves the queue.
         """
         loop = asyncio.get_running_loop()
-        events: asyncio.Queue[Event] = asyncio.Queue()
+        events = _Inbox(loop)
         admission: asyncio.Future[FinishEvent | None] = loop.create_future()
 
         timeline = _Timeline(current_http.get())
@@ -170,7 +171,7 @@ class GenerationService:
                 self.runtime.hooks.request_finished(timeline.record(gen.request, model, event))
                 if not admission.done():
                     admission.set_result(event)
-            events.put_nowait(event)
+            events.put(event)
 
         def admitted() -> None:
             timeline.admitted_ns = time.time_ns()
@@ -245,7 +246,7 @@ class GenerationService:
             raise
 
     async def _deltas(
-        self, gen: Generation, handle: RequestHandle, events: asyncio.Queue[Event]
+        self, gen: Generation, handle: RequestHandle, events: _Inbox
     ) -> AsyncIterator[OutputDelta]:
         """Yield deltas until the request finishes; the last one has ``finish_reason``
         and ``gen.usage`` is final by then. A failure inside generation is a 500 (503
@@ -281,6 +282,30 @@ class GenerationService:
         finally:
             if not finished:
                 handle.cancel()
+
+
+class _Inbox:
+    """One request's engine events on the event loop, for its one consumer: what an
+    ``asyncio.Queue`` does here with less work per token (one waiter, no getter queue)."""
+
+    __slots__ = ("_items", "_loop", "_waiter")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._items: collections.deque[Event] = collections.deque()
+        self._loop = loop
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, event: Event) -> None:
+        self._items.append(event)
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def get(self) -> Event:
+        while not self._items:
+            self._waiter = self._loop.create_future()
+            await self._waiter
+        return self._items.popleft()
 
 
 class _Timeline:

@@ -5,17 +5,25 @@ One helper gives every streaming route the same guarantees: the response is
 API's own error frame (and its end marker), never a cut connection; a long silence
 (a long prefill, a queue) is filled with SSE comments so proxies and clients keep
 the connection open.
+
+The chunks are written as they come, from the response's own task: no task, timer or
+wait per chunk (a token's event is one hop from the engine's hand-over to the socket).
+The keep-alive is a second task that sleeps until the stream has been silent for
+:data:`KEEPALIVE_SECONDS` and only then writes, between two chunks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from litestar.response import Stream
+from litestar.response.streaming import ASGIStreamingResponse
+from litestar.types import Send
 
 from mlxcore.server.errors import APIError, internal_error
 
@@ -26,60 +34,130 @@ KEEPALIVE_SECONDS = 15.0
 
 KEEPALIVE = b": keep-alive\n\n"
 
+ErrorFrame = Callable[[APIError], bytes]
+"""Renders an error in the API's own shape, with any end marker the API uses after it."""
+
 
 class EventStream(Stream):
-    """A streaming response that is always ``text/event-stream`` (Litestar would
-    otherwise take the route's default media type, JSON, over the response's own)."""
+    """A streaming ``text/event-stream`` response (Litestar would otherwise take the
+    route's default media type, JSON, over the response's own) that turns a failure
+    mid-stream into the API's error frame and fills long silences with keep-alives."""
+
+    def __init__(
+        self,
+        chunks: AsyncIterator[bytes],
+        error_frame: ErrorFrame,
+        keepalive: float = KEEPALIVE_SECONDS,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(chunks, media_type="text/event-stream", headers=headers)
+        self.error_frame = error_frame
+        self.keepalive = keepalive
 
     def to_asgi_response(self, *args: Any, **kwargs: Any) -> Any:
-        kwargs["media_type"] = "text/event-stream"
-        return super().to_asgi_response(*args, **kwargs)
+        headers = kwargs.get("headers")
+        cookies = kwargs.get("cookies")
+        return _EventStreamResponse(
+            iterator=self.iterator,
+            error_frame=self.error_frame,
+            keepalive=self.keepalive,
+            background=self.background or kwargs.get("background"),
+            content_length=0,
+            cookies=self.cookies if cookies is None else itertools.chain(self.cookies, cookies),
+            encoded_headers=kwargs.get("encoded_headers"),
+            encoding=self.encoding,
+            headers={**headers, **self.headers} if headers is not None else self.headers,
+            is_head_response=kwargs.get("is_head_response", False),
+            media_type="text/event-stream",
+            status_code=self.status_code or kwargs.get("status_code"),
+        )
 
 
 def event_stream(
     chunks: AsyncIterator[bytes],
-    error_frame: Callable[[APIError], bytes],
+    error_frame: ErrorFrame,
     keepalive: float = KEEPALIVE_SECONDS,
 ) -> EventStream:
     """An SSE response from ``chunks``; ``error_frame(err)`` renders an error in the API's
     shape (including any end marker the API uses after it)."""
     return EventStream(
-        _guarded(chunks, error_frame, keepalive),
-        media_type="text/event-stream",
+        chunks,
+        error_frame,
+        keepalive,
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
 
 
-async def _guarded(
-    chunks: AsyncIterator[bytes], error_frame: Callable[[APIError], bytes], keepalive: float
-) -> AsyncIterator[bytes]:
-    iterator = chunks.__aiter__()
-    pending: asyncio.Future[bytes] | None = None
-    try:
+class _EventStreamResponse(ASGIStreamingResponse):
+    __slots__ = ("error_frame", "keepalive")
+
+    def __init__(self, *, error_frame: ErrorFrame, keepalive: float, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.error_frame = error_frame
+        self.keepalive = keepalive
+
+    async def _stream(self, send: Send) -> None:
+        writer = _Writer(send)
+        keeper = asyncio.ensure_future(writer.keep_alive(self.keepalive))
+        iterator = self.iterator.__aiter__()
+        following = iterator.__anext__
+        try:
+            while True:
+                last = True  # after an error frame the stream ends
+                try:
+                    chunk = await following()
+                    last = False
+                except StopAsyncIteration:
+                    break
+                except APIError as exc:
+                    chunk = self.error_frame(exc)
+                except Exception as exc:
+                    chunk = self.error_frame(internal_error(exc, "while streaming a response"))
+                await writer.write(chunk if isinstance(chunk, bytes) else chunk.encode())
+                if last:
+                    break
+        finally:
+            keeper.cancel()
+            aclose = getattr(iterator, "aclose", None)
+            if aclose is not None:  # a stream left early (client gone) ends its generation now
+                with contextlib.suppress(Exception):
+                    await aclose()
+        await writer.send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+class _Writer:
+    """Writes a response's body chunks and remembers when it last did. The stream and its
+    keep-alive never write at once: a chunk that comes while a keep-alive waits on a slow
+    client (flow control) waits for it."""
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self._loop = asyncio.get_running_loop()
+        self._last = self._loop.time()
+        self._keeping: asyncio.Future[None] | None = None
+
+    async def write(self, body: bytes) -> None:
+        if self._keeping is not None:
+            await asyncio.shield(self._keeping)
+        await self.send({"type": "http.response.body", "body": body, "more_body": True})
+        self._last = self._loop.time()
+
+    async def keep_alive(self, interval: float) -> None:
+        """Write :data:`KEEPALIVE` whenever nothing was written for ``interval`` seconds."""
         while True:
-            if pending is None:
-                pending = asyncio.ensure_future(iterator.__anext__())
-            done, _ = await asyncio.wait({pending}, timeout=keepalive)
-            if not done:
-                yield KEEPALIVE
+            quiet = self._loop.time() - self._last
+            if quiet < interval:
+                await asyncio.sleep(interval - quiet)
                 continue
+            self._keeping = self._loop.create_future()
             try:
-                chunk = pending.result()
-            except StopAsyncIteration:
+                await self.send(
+                    {"type": "http.response.body", "body": KEEPALIVE, "more_body": True}
+                )
+                self._last = self._loop.time()
+            except Exception:  # the client is gone: the stream's own write sees it too
+                log.debug("keep-alive write failed", exc_info=True)
                 return
             finally:
-                pending = None
-            yield chunk
-    except APIError as exc:
-        yield error_frame(exc)
-    except Exception as exc:
-        yield error_frame(internal_error(exc, "while streaming a response"))
-    finally:
-        if pending is not None and not pending.done():
-            pending.cancel()
-            with contextlib.suppress(BaseException):
-                await pending
-        aclose = getattr(iterator, "aclose", None)
-        if aclose is not None:
-            with contextlib.suppress(Exception):
-                await aclose()
+                self._keeping.set_result(None)
+                self._keeping = None
