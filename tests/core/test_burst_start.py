@@ -24,6 +24,20 @@ def prompt(seed: int, n: int = 12) -> tuple[int, ...]:
     return tuple(rng.randrange(300, 3000) for _ in range(n))
 
 
+def greedy_requests(count: int, max_tokens: int, length: int = 12) -> list[GenerationRequest]:
+    return [
+        GenerationRequest(prompt(i, length), max_tokens, sampling=SamplingParams())
+        for i in range(count)
+    ]
+
+
+def assert_all_match_mlx_lm(
+    rt: Runtime, requests: list[GenerationRequest], results: list[Result]
+) -> None:
+    for request, result in zip(requests, results, strict=True):
+        assert_matches_mlx_lm(rt, request, result)
+
+
 def batch_sizes(rt: Runtime) -> list[int]:
     """The decoder's rows after each of its steps."""
     return after_each_step(rt, len)
@@ -43,11 +57,10 @@ def test_requests_arriving_a_few_ms_apart_start_in_one_batch(
 ) -> None:
     rt = runtime(tiny_qwen3, burst_gather=0.1)  # generous: a loaded CI machine is slow
     sizes = batch_sizes(rt)
-    requests = [GenerationRequest(prompt(i), 6, sampling=SamplingParams()) for i in range(5)]
+    requests = greedy_requests(5, 6)
     results = submit_apart(rt, requests, 0.01)
     assert sizes[0] == 5, sizes
-    for request, result in zip(requests, results, strict=True):
-        assert_matches_mlx_lm(rt, request, result)
+    assert_all_match_mlx_lm(rt, requests, results)
 
 
 def test_without_gathering_the_first_arrival_starts_alone(
@@ -55,7 +68,7 @@ def test_without_gathering_the_first_arrival_starts_alone(
 ) -> None:
     rt = runtime(tiny_qwen3, burst_gather=0)
     sizes = batch_sizes(rt)
-    requests = [GenerationRequest(prompt(i), 30, sampling=SamplingParams()) for i in range(3)]
+    requests = greedy_requests(3, 30)
     submit_apart(rt, requests, 0.15)
     assert sizes[0] == 1, sizes
 
@@ -65,11 +78,10 @@ def test_more_short_prompts_than_one_prefill_batch_all_join_before_the_first_ste
 ) -> None:
     rt = runtime(tiny_qwen3, prefill_batch_size=4)
     sizes = batch_sizes(rt)
-    requests = [GenerationRequest(prompt(i), 5, sampling=SamplingParams()) for i in range(10)]
+    requests = greedy_requests(10, 5)
     results = submit_together(rt, requests)
     assert sizes[0] == 10, sizes  # three prefill batches, then one decode batch
-    for request, result in zip(requests, results, strict=True):
-        assert_matches_mlx_lm(rt, request, result)
+    assert_all_match_mlx_lm(rt, requests, results)
 
 
 def test_the_opening_prefill_stops_at_the_step_budget(
@@ -79,8 +91,7 @@ def test_the_opening_prefill_stops_at_the_step_budget(
     # budget is spent and the first decode step runs before the rest join
     rt = runtime(tiny_qwen3, prefill_batch_size=2, prefill_step_size=100)
     sizes = batch_sizes(rt)
-    requests = [GenerationRequest(prompt(i, 40), 5, sampling=SamplingParams()) for i in range(8)]
+    requests = greedy_requests(8, 5, length=40)
     results = submit_together(rt, requests)
     assert sizes[0] == 4, sizes
-    for request, result in zip(requests, results, strict=True):
-        assert_matches_mlx_lm(rt, request, result)
+    assert_all_match_mlx_lm(rt, requests, results)

@@ -69,6 +69,9 @@ class RoundingTies:
         self.model = model
         self.layers = model.layers
 
+    def __getattr__(self, name: str) -> Any:  # make_cache and the like: the model's own
+        return getattr(self.model, name)
+
     def __call__(self, inputs: mx.array, cache: Any = None, **kwargs: Any) -> mx.array:
         logits = self.model(inputs, cache=cache, **kwargs)
         row = mx.zeros((logits.shape[-1],), dtype=logits.dtype)
@@ -77,23 +80,19 @@ class RoundingTies:
         return mx.where((inputs % 3 == 0)[..., None], row, logits)
 
 
-def test_a_step_launched_before_its_input_was_checked_is_launched_again_on_a_tie(
-    tiny_qwen3: Path,
-) -> None:
-    """The fast path launches a step on the raw argmax before checking the last step's near
-    ties; where the exact pick differs, the step's token is taken back from the batch cache
-    and the step launched again: every row's tokens stay mlx-lm's."""
+def decode_with_ties(model_path: Path, steps: int = 40) -> dict[str, int]:
+    """Three rows of greedy decoding on ``model_path`` with rounding ties, checked against
+    mlx-lm's ``stream_generate`` token for token; returns the decoder's stats."""
     from mlx_lm import load, stream_generate
     from mlx_lm.models.cache import make_prompt_cache
 
-    model, tokenizer = load(str(tiny_qwen3))
+    model, tokenizer = load(str(model_path))
     tying = RoundingTies(model)
     tie = tying(mx.array([[3]]))[0, -1][None]
     assert mx.argmax(tie, axis=-1).item() == RoundingTies.LARGER
     assert exact_greedy(tie).item() == RoundingTies.SMALLER, "the rounding tie did not happen"
 
     prompts = [[1000 + 17 * i + j for j in range(9)] for i in range(3)]
-    steps = 40
     decoder = PlainDecoder(tying)
     firsts = []
     for uid, prompt in enumerate(prompts):
@@ -109,5 +108,21 @@ def test_a_step_launched_before_its_input_was_checked_is_launched_again_on_a_tie
     for uid, prompt in enumerate(prompts):
         expected = [r.token for r in stream_generate(tying, tokenizer, prompt, steps)]
         assert got[uid][:steps] == expected
-    stats = decoder.stats()
+    return decoder.stats()
+
+
+def test_a_step_launched_before_its_input_was_checked_is_launched_again_on_a_tie(
+    tiny_qwen3: Path,
+) -> None:
+    """The fast path launches a step on the raw argmax before checking the last step's near
+    ties; where the exact pick differs, the step's token is taken back from the batch cache
+    and the step launched again: every row's tokens stay mlx-lm's."""
+    stats = decode_with_ties(tiny_qwen3)
     assert stats["greedy_exact_fallbacks"] > 0 and stats["greedy_relaunched_steps"] > 0, stats
+
+
+def test_recurrent_layers_settle_each_step_before_the_next(tiny_qwen3_5: Path) -> None:
+    """A hybrid model's linear-attention state cannot take a token back: its steps wait for
+    the last step's check instead of launching early, and the tokens stay mlx-lm's."""
+    stats = decode_with_ties(tiny_qwen3_5)
+    assert stats["greedy_exact_fallbacks"] > 0 and stats["greedy_relaunched_steps"] == 0, stats

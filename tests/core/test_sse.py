@@ -51,11 +51,11 @@ def anyio_backend() -> str:
 
 
 async def test_a_silence_is_filled_with_keepalives_between_the_chunks() -> None:
-    body, kind = await _body(_app(_paced([0.0, 0.35, 0.0]), keepalive=0.1))
+    body, kind = await _body(_app(_paced([0.0, 0.45, 0.0]), keepalive=0.1))
     assert kind.startswith("text/event-stream")
     before, _, after = body.partition(b"data: 1\n\n")
     assert before.startswith(b"data: 0\n\n")
-    assert 2 <= before.count(KEEPALIVE) <= 4  # 0.35 s of silence at one per 0.1 s
+    assert 2 <= before.count(KEEPALIVE) <= 5  # 0.45 s of silence at one per 0.1 s: 4
     assert after == b"data: 2\n\n"
 
 

@@ -143,6 +143,9 @@ class PlainDecoder(Decoder):
         """True while the batch cache's attention layers are quantized."""
         self.slots: list[_Slot] = []
         self.cache: LayerCache = []
+        self._takes_back = True
+        """Every layer of ``cache`` can take a token back (set when the batch cache is built:
+        the layer types follow the model, and quantizing keeps the answer)."""
         self._joining: list[DecodeSequence] = []
         self._pending: Any = None  # lazy (B,) tokens sampled last step
         self._pending_logprobs: Any = None  # lazy (B, vocab) or None
@@ -254,6 +257,7 @@ class PlainDecoder(Decoder):
                 mine.extend(theirs)
         else:
             self.cache = new
+            self._takes_back = all(type(layer) in _TAKES_BACK for layer in new)
         known = mx.array([s.next_token for s in joining])
         if self._pending is None:
             self._pending = known
@@ -391,7 +395,7 @@ class PlainDecoder(Decoder):
         state and must not see a token twice)."""
         if self._unchecked is None or self._draw is not None:
             return None
-        if not all(type(layer) in _TAKES_BACK for layer in self.cache):
+        if not self._takes_back:
             return None
         if any(s.seq.logits_processors for s in self.slots if not s.left):
             return None

@@ -103,26 +103,26 @@ class _EventStreamResponse(ASGIStreamingResponse):
         following = iterator.__anext__
         try:
             while True:
-                last = True  # after an error frame the stream ends
                 try:
                     chunk = await following()
-                    last = False
                 except StopAsyncIteration:
                     break
-                except APIError as exc:
-                    chunk = self.error_frame(exc)
-                except Exception as exc:
-                    chunk = self.error_frame(internal_error(exc, "while streaming a response"))
-                await writer.write(chunk if isinstance(chunk, bytes) else chunk.encode())
-                if last:
+                except APIError as exc:  # an error frame ends the stream
+                    await writer.write(self.error_frame(exc))
                     break
+                except Exception as exc:
+                    await writer.write(
+                        self.error_frame(internal_error(exc, "while streaming a response"))
+                    )
+                    break
+                await writer.write(chunk if isinstance(chunk, bytes) else chunk.encode())
         finally:
             keeper.cancel()
             aclose = getattr(iterator, "aclose", None)
             if aclose is not None:  # a stream left early (client gone) ends its generation now
                 with contextlib.suppress(Exception):
                     await aclose()
-        await writer.send({"type": "http.response.body", "body": b"", "more_body": False})
+        await writer.send_body(b"", more=False)
 
 
 class _Writer:
@@ -139,7 +139,11 @@ class _Writer:
     async def write(self, body: bytes) -> None:
         if self._keeping is not None:
             await asyncio.shield(self._keeping)
-        await self.send({"type": "http.response.body", "body": body, "more_body": True})
+        await self.send_body(body)
+
+    async def send_body(self, body: bytes, more: bool = True) -> None:
+        """Send ``body`` as one ASGI body message (``more=False``: the last one)."""
+        await self.send({"type": "http.response.body", "body": body, "more_body": more})
         self._last = self._loop.time()
 
     async def keep_alive(self, interval: float) -> None:
@@ -151,10 +155,7 @@ class _Writer:
                 continue
             self._keeping = self._loop.create_future()
             try:
-                await self.send(
-                    {"type": "http.response.body", "body": KEEPALIVE, "more_body": True}
-                )
-                self._last = self._loop.time()
+                await self.send_body(KEEPALIVE)
             except Exception:  # the client is gone: the stream's own write sees it too
                 log.debug("keep-alive write failed", exc_info=True)
                 return
