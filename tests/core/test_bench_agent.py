@@ -62,3 +62,24 @@ def test_side_requests_are_computed_once_where_whole_entries_recompute_them(
     assert result["min_cached_of_shared"] >= 0.9
     assert result["baseline_computed_tokens"] > 1.5 * result["computed_tokens"]
     assert all("baseline_ttft_s" in r for r in result["requests"])
+
+
+def test_the_claude_code_shape_replays_main_side_and_compacted_requests(
+    tiny_qwen3_5: Path,
+) -> None:
+    """``--agent-shape claude-code`` at a small size: each main turn reuses its previous
+    prompt, the side and compacted requests the system prompt and tools."""
+    from mlxcore.bench.agent_long import run_long_session
+    from mlxcore.bench.agent_shapes import SessionShape
+
+    shape = SessionShape(system_tokens=300, tools=4, tool_tokens=150, result_tokens=400, turns=3)
+    result = run_long_session(str(tiny_qwen3_5), shape, max_tokens=2, cold=False)
+    rows = result["requests"]
+    assert [(r["kind"], r["turn"]) for r in rows] == [
+        ("main", 0), ("side", 0), ("main", 1), ("side", 1), ("main", 2), ("side", 2),
+        ("main", 3), ("side", 3), ("compact", 4),
+    ]  # fmt: skip
+    assert all(result["targets"].values()), (result["targets"], rows)
+    mains = [r for r in rows if r["kind"] == "main"]
+    assert all(b["prompt_tokens"] - a["prompt_tokens"] > 400 for a, b in itertools.pairwise(mains))
+    assert result["prefix_cache_budget_mb"] > 100  # sized from memory, not 32,768 tokens

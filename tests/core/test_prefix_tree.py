@@ -22,8 +22,8 @@ def split(segment: Any, at: int) -> tuple[Any, Any]:
     return segment[:at], segment[at:]
 
 
-def tree(needs_snapshots: bool = False) -> PrefixTree:
-    return PrefixTree(split, needs_snapshots=needs_snapshots)
+def tree(needs_snapshots: bool = False, protect_reused: bool = True) -> PrefixTree:
+    return PrefixTree(split, needs_snapshots=needs_snapshots, protect_reused=protect_reused)
 
 
 def add(t: PrefixTree, tokens: list[int], snapshot: bool = False) -> Any:
@@ -125,7 +125,9 @@ def test_inner_snapshots_are_evicted_before_a_more_recent_leaf() -> None:
 def test_two_trees_fed_the_same_operations_evict_the_same_entries() -> None:
     """A distributed rank other than 0 follows rank 0's evictions by count only."""
     rng = random.Random(7)
-    leader, follower = tree(needs_snapshots=True), tree(needs_snapshots=True)
+    # a distributed group evicts by plain LRU (prefix_cache_for(..., distributed=True))
+    leader = tree(needs_snapshots=True, protect_reused=False)
+    follower = tree(needs_snapshots=True, protect_reused=False)
     follower_budget = 1 << 62
     for step in range(300):
         base = rng.randrange(4)
@@ -133,8 +135,8 @@ def test_two_trees_fed_the_same_operations_evict_the_same_entries() -> None:
         for t in (leader, follower):
             add(t, tokens, snapshot=True)
         if rng.random() < 0.3:
-            leader.touch([leader.match(np.asarray(tokens, dtype=np.int64)).nodes[-1]])
-            follower.touch([follower.match(np.asarray(tokens, dtype=np.int64)).nodes[-1]])
+            for t in (leader, follower):
+                t.touch([t.match(np.asarray(tokens, dtype=np.int64)).nodes[-1]], reused=True)
         leader.evict_bytes(2000)  # rank 0 evicts by bytes
         follower.evict_bytes(follower_budget)
         follower.evict_entries(leader.entries)  # the others by rank 0's count
@@ -143,3 +145,63 @@ def test_two_trees_fed_the_same_operations_evict_the_same_entries() -> None:
         theirs = sorted((tuple(n.path_tokens()), n.snapshot) for n in follower)
         assert mine == theirs, step
         check(leader)
+
+
+def session(t: PrefixTree, first: int, length: int, every: int) -> list[int]:
+    """A conversation of ``length`` tokens stored as a prefill stores it (an entry at
+    every ``every`` tokens), then resumed by its next turn (touched as reused)."""
+    tokens = [first, *range(1000, 1000 + length - 1)]
+    for stop in range(every, length + 1, every):
+        add(t, tokens[:stop])
+    t.touch([t.match(np.asarray(tokens, dtype=np.int64)).nodes[-1]], reused=True)
+    return tokens
+
+
+def held(t: PrefixTree, tokens: list[int]) -> int:
+    return t.match(np.asarray(tokens, dtype=np.int64)).shared
+
+
+def test_a_burst_of_one_off_prompts_cannot_push_out_a_resumed_history() -> None:
+    """Twenty one-off prompts arrive after a session's last turn (side requests, another
+    client's single questions): plain LRU evicts the session's history, the older one;
+    with reused units protected the one-offs evict each other."""
+    limit = 1_500 * BYTES_PER_TOKEN
+    outcome = {}
+    for protect in (True, False):
+        t = tree(protect_reused=protect)
+        history = session(t, 1, 1_000, 250)
+        for n in range(20):
+            add(t, [2 + n, *range(5_000, 5_099)])
+            t.evict_bytes(limit)
+            check(t)
+        outcome[protect] = held(t, history)
+    assert outcome == {True: 1_000, False: 0}
+
+
+def test_past_the_protected_share_the_session_idle_longest_goes_end_first() -> None:
+    """Two resumed sessions of 600 tokens under a budget of 1,000: the one used longest
+    ago loses its end, not its beginning; the recent one stays whole."""
+    t = tree()
+    idle = session(t, 1, 600, 150)
+    recent = session(t, 2, 600, 150)
+    t.evict_bytes(1_000 * BYTES_PER_TOKEN)
+    check(t)
+    assert held(t, recent) == 600
+    assert held(t, idle) == 300  # its first two entries: the longest prefix that fits
+
+
+def test_a_session_longer_than_the_budget_keeps_its_longest_prefix() -> None:
+    """A side request, then the session's next turn resumes it: the side request's leaf
+    goes first, then the session's end; what stays is its beginning, as much as the
+    protected share holds (its entries are 250 tokens apart)."""
+    t = tree()
+    tokens = session(t, 1, 2_000, 250)
+    side = [9, *range(100)]
+    add(t, side)
+    t.touch([t.match(np.asarray(tokens, dtype=np.int64)).nodes[-1]], reused=True)
+    t.evict_bytes(1_000 * BYTES_PER_TOKEN)
+    check(t)
+    assert held(t, side) == 0
+    assert held(t, tokens) == 1_000
+    t.evict_bytes(900 * BYTES_PER_TOKEN)
+    assert held(t, tokens) == 750  # the end goes first: a prefix stays, never a middle

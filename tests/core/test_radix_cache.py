@@ -137,7 +137,9 @@ def test_eviction_under_a_tight_budget_never_serves_a_wrong_prefix(
             rng.randrange(100, 5000) for _ in range(rng.randrange(1, 60))
         ]
         logits, cached = resumed_logits(model, prompt, cache)
-        assert mx.allclose(logits, cold_logits(model, prompt), atol=1e-5).item(), cached
+        # a wrong prefix moves the logits by ~0.1-1; resuming a recurrent state at another
+        # chunk boundary moves them by ~1e-5 (float32 rounding of the scan, OpenBLAS)
+        assert mx.allclose(logits, cold_logits(model, prompt), atol=1e-4).item(), cached
         hits += cached > 0
         stops = sorted({s for s in (rng.randrange(1, len(prompt)), len(prompt) // 2) if s > 0})
         filled(model, prompt, stops, cache)
@@ -147,7 +149,7 @@ def test_eviction_under_a_tight_budget_never_serves_a_wrong_prefix(
     assert hits >= 8
 
 
-@pytest.mark.parametrize("family", ["tiny_qwen3", "tiny_qwen3_5"])
+@pytest.mark.parametrize("family", ["tiny_qwen3", "tiny_qwen3_5", "tiny_gemma4"])
 def test_side_requests_resume_at_their_message_and_decode_like_cold_alone_and_batched(
     family: str, request: pytest.FixtureRequest, runtime: Callable[..., Runtime]
 ) -> None:
@@ -175,7 +177,8 @@ def test_side_requests_resume_at_their_message_and_decode_like_cold_alone_and_ba
         assert_matches_mlx_lm(rt, req, res)
         assert res.finish is not None and res.finish.usage.cached_tokens >= 0.9 * shared
     stats = rt.engine.stats()  # a hybrid's snapshot at the message start is where they part
-    assert stats["prefix_cache_lookups_diverged"] + stats["prefix_cache_lookups_snapshot"] == 5
+    if family != "tiny_gemma4":  # gemma4: a whole entry kept where the first message starts
+        assert stats["prefix_cache_lookups_diverged"] + stats["prefix_cache_lookups_snapshot"] == 5
 
 
 def test_sessions_sharing_a_system_prompt_hold_it_once(
@@ -230,3 +233,17 @@ def test_a_rank_holding_only_recurrent_layers_takes_rank_zeros_snapshot_spacing(
     assert follower.snapshot_points(request, 0) == leader.snapshot_points(request, 0)
     with pytest.raises(MlxcoreError, match="different cache strategies"):
         LRUPrefixCache(hybrid, "1000").adopt_settings(leader.shared_settings())
+
+
+def test_a_whole_entry_that_serves_lookups_outlives_newer_unused_ones(
+    models: dict[str, Any],
+) -> None:
+    """mlx-lm's LRU of whole entries (64 at most) ordered them by insertion only: the
+    entry every side request resumed from aged out. A hit now counts as a use."""
+    model = models["hybrid"]  # recurrent state: an entry is used only as an exact prefix
+    cache = LRUPrefixCache(model, "1GB")
+    system = list(range(100, 400))
+    filled(model, system, [], cache)
+    for n in range(cache.max_entries + 10):
+        filled(model, [5000 + n, *range(7, 40)], [], cache)  # one-off requests
+        assert resumed_logits(model, [*system, 42], cache)[1] == len(system), n

@@ -90,8 +90,11 @@ class ServerConfig:
         help="most waiting prompts prefilled together in one forward pass (1: one at a time)",
     )  # fmt: skip
     prefix_cache_size: str = setting(
-        "32768", group=ENGINE,
-        help="prefix cache budget: tokens (e.g. 32768) or a size (e.g. 512MB); 0 disables",
+        "auto", group=ENGINE,
+        help="prefix cache budget: auto (default: the memory left beside the weights, the "
+        "running requests' worst case and a 10%% headroom, shared by the models served; "
+        "stated at start-up and on /health), tokens (e.g. 32768) or a size (e.g. 512MB); "
+        "0 disables",
     )  # fmt: skip
     kv_cache_dtype: str = setting(
         "auto", group=ENGINE, choices=("auto", "int8", "int4"),

@@ -19,6 +19,7 @@ import mlx.nn as nn
 from mlxcore.config import ServerConfig
 from mlxcore.engine.engine import Engine, EngineParts
 from mlxcore.engine.jobs import ModelJob
+from mlxcore.engine.prefix_pool import PrefixPool
 from mlxcore.hooks import PluginHooks
 from mlxcore.model_info import ModelInfo
 from mlxcore.output import OutputPipeline
@@ -181,11 +182,12 @@ def build_runtime(
     hooks: PluginHooks,
     memory_elsewhere: Callable[[], int] | None = None,
     split: Callable[[Any], None] | None = None,
+    prefix_pool: PrefixPool | None = None,
 ) -> Runtime:
     """Load the model, let plugins patch it, choose parsers, and build the engine
-    (not yet started; ``memory_elsewhere``: see :class:`Engine`). ``split`` (a
-    distributed rank) is given the model before any weight is read, to keep this
-    rank's share of it."""
+    (not yet started; ``memory_elsewhere``, ``prefix_pool``: see :class:`Engine`).
+    ``split`` (a distributed rank) is given the model before any weight is read, to keep
+    this rank's share of it."""
     from mlxcore.models.loader import load_model
 
     _, resolved = resolve_model_path(config.model, hooks.model_architectures())
@@ -205,7 +207,7 @@ def build_runtime(
     materialize(list(resources))
     parsers = Parsers.select(hooks, loaded.info, config.tool_call_parser, config.reasoning_parser)
     parts = engine_parts(hooks, loaded, config, resources)
-    engine = Engine(loaded.model, loaded.info, config, parts, memory_elsewhere)
+    engine = Engine(loaded.model, loaded.info, config, parts, memory_elsewhere, prefix_pool)
     hidden = loaded.info.eos_token_ids | parsers.control_ids(loaded.info.vocab)
     return Runtime(
         loaded.model,

@@ -209,3 +209,36 @@ def test_a_queued_request_reads_its_entry_ahead(
     stats = rt.engine.stats()
     assert stats["prefix_cache_disk_prefetches"] == 1
     assert stats["prefix_cache_disk_prefetch_hits"] >= 1
+
+
+def test_a_history_that_outgrew_memory_reads_only_what_memory_lost(
+    tiny_qwen3_5: Path, runtimes: Any, tmp_path: Path
+) -> None:
+    """A hybrid conversation stored with snapshots where its messages start, under a
+    memory budget that keeps only its beginning: the next turn resumes from disk, reads
+    the files past what memory still holds (memory's segments stand for the others) and
+    answers as a cold server does."""
+    history = tuple(range(30, 1230))
+    rt = runtimes(tiny_qwen3_5, tmp_path, prefix_cache_size="700")
+    main = GenerationRequest(
+        (*history, 1, 2, 3), 8, checkpoints=(len(history),), boundaries=(300, 600, 900)
+    )
+    submit_together(rt, [main])
+    rt.engine.cache.writer.flush(30)  # type: ignore[attr-defined]
+    metas = (json.loads(p.read_text()) for p in tmp_path.glob("*/*.json"))
+    entries = {e["start"]: e for e in metas}
+    assert sorted(entries) == [0, 300, 600, 900, 1200]  # 1200: the finished sequence
+    kept = rt.engine.cache.memory.longest(history)  # type: ignore[attr-defined]
+    assert 300 <= kept < len(history)
+
+    turn = (*history, 5, 6, 7, 8)
+    warm = run(rt, turn, n=16)
+    cold = run(runtimes(tiny_qwen3_5, None, prefix_cache_size="0"), turn, n=16)
+    assert warm.tokens == cold.tokens
+    info = explained(warm)
+    assert (info["source"], info["cached_tokens"]) == ("disk", len(history))
+    chain = [entries[start] for start in (0, 300, 600, 900)]  # the history's entry
+    read = [e for e in chain if e["start"] + 300 > kept]
+    assert len(read) < len(chain)
+    stats = rt.engine.stats()
+    assert stats["prefix_cache_disk_read_bytes"] == sum(e["nbytes"] for e in read)

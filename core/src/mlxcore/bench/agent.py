@@ -88,7 +88,7 @@ def default_runtime(
     return build_runtime(config, PluginHooks(pm))
 
 
-def _shared(prompt: tuple[int, ...], earlier: list[tuple[int, ...]]) -> int:
+def shared_prefix(prompt: tuple[int, ...], earlier: list[tuple[int, ...]]) -> int:
     """The longest prefix ``prompt`` shares with any of ``earlier``."""
     return max((common_prefix(prompt, other) for other in earlier), default=0)
 
@@ -97,7 +97,7 @@ def _processed(rt: Runtime | None) -> int:
     return int(rt.engine.stats()["prompt_tokens_processed"]) if rt is not None else 0
 
 
-def _ttft(rt: Runtime, request: GenerationRequest) -> tuple[float, FinishEvent]:
+def time_to_first_token(rt: Runtime, request: GenerationRequest) -> tuple[float, FinishEvent]:
     start = time.perf_counter()
     first: float | None = None
     for event in rt.engine.stream(request):
@@ -175,12 +175,14 @@ def run_agent_session(
         request = built.request
         prompt = request.prompt_tokens
         before = _processed(warm), _processed(base)
-        ttft, finish = _ttft(warm, request)
-        base_ttft = _ttft(base, request)[0] if base is not None else None
+        ttft, finish = time_to_first_token(warm, request)
+        base_ttft = time_to_first_token(base, request)[0] if base is not None else None
         computed["measured"] += _processed(warm) - before[0]
         computed["baseline"] += _processed(base) - before[1]
-        cold_ttft, _ = _ttft(cold, attrs.evolve(request, checkpoints=(), boundaries=()))
-        shared = _shared(prompt, seen)
+        cold_ttft, _ = time_to_first_token(
+            cold, attrs.evolve(request, checkpoints=(), boundaries=())
+        )
+        shared = shared_prefix(prompt, seen)
         seen.append(prompt)
         cached = finish.usage.cached_tokens
         ordered.append(Turn(len(prompt), cached, ttft, cold_ttft, shared, kind, base_ttft))
@@ -222,7 +224,7 @@ def _side_request(messages: list[dict[str, Any]], turn: int) -> list[dict[str, A
 def _distinct_tokens(prompts: list[tuple[int, ...]]) -> int:
     """How many nodes a token trie of ``prompts`` has: the tokens a server that never
     computed a prefix twice would process."""
-    return sum(len(p) - _shared(p, prompts[:i]) for i, p in enumerate(prompts))
+    return sum(len(p) - shared_prefix(p, prompts[:i]) for i, p in enumerate(prompts))
 
 
 def _requests_summary(
@@ -240,7 +242,7 @@ def _requests_summary(
         "distinct_tokens": distinct,
         "computed_tokens": computed["measured"],
         "computed_over_distinct": round(computed["measured"] / max(1, distinct), 3),
-        "min_cached_of_shared": round(min((_of_shared(t) for t in later), default=1.0), 4),
+        "min_cached_of_shared": round(min((_ofshared_prefix(t) for t in later), default=1.0), 4),
     }
     if with_baseline:
         out["baseline_computed_tokens"] = computed["baseline"]
@@ -248,7 +250,7 @@ def _requests_summary(
     return out
 
 
-def _of_shared(t: Turn) -> float:
+def _ofshared_prefix(t: Turn) -> float:
     """Cached tokens over the prefix shared with earlier requests (1.0 when none)."""
     return min(1.0, t.cached_tokens / t.shared) if t.shared else 1.0
 
@@ -267,7 +269,7 @@ def _turn_body(t: Turn) -> dict[str, Any]:
         "shared": t.shared,
         "cached_tokens": t.cached_tokens,
         "cached_fraction": round(t.cached_fraction, 4),
-        "cached_of_shared": round(_of_shared(t), 4),
+        "cached_of_shared": round(_ofshared_prefix(t), 4),
         "ttft_s": round(t.ttft_s, 4),
         "cold_ttft_s": round(t.cold_ttft_s, 4),
         "speedup": round(t.speedup, 2),
@@ -303,6 +305,23 @@ def add_agent_options(parser: Any) -> None:
         help="replay a multi-turn tool-using agent session instead of the default benchmark "
         "(the model, --prefix-cache-size and --plugin flags apply to the measured side)",
     )
+    group.add_argument(
+        "--agent-shape",
+        choices=("short", "claude-code"),
+        default="short",
+        help="short: a small tool call and result per turn; claude-code: a session at its "
+        "real size (~17.5K tokens of system prompt and 24 tools, a ~7K-token tool result "
+        "and a reminder per turn, a side request after each turn, a compaction at the end; "
+        "--agent-turns 34 reaches 256K tokens)",
+    )
+    group.add_argument(
+        "--agent-result-tokens", type=int, default=7_000,
+        help="claude-code shape: tokens of each tool result",
+    )  # fmt: skip
+    group.add_argument(
+        "--agent-no-cold", action="store_true",
+        help="claude-code shape: skip the cold runs of the first and last turns",
+    )  # fmt: skip
     group.add_argument("--agent-turns", type=int, default=20, help="turns to replay")
     group.add_argument(
         "--agent-system-tokens", type=int, default=10_000, help="approximate system prompt size"
@@ -346,6 +365,21 @@ def main_agent(
     if config is not None and hooks is not None:
         measured = attrs.evolve(config, model=model, max_model_len=None)
         make_runtime = lambda: build_runtime(measured, hooks)  # noqa: E731
+    if args.agent_shape == "claude-code":
+        from mlxcore.bench.agent_long import print_rows, run_long_session
+        from mlxcore.bench.agent_shapes import SessionShape
+
+        shape = SessionShape(turns=args.agent_turns, result_tokens=args.agent_result_tokens)
+        long = run_long_session(
+            model, shape, sessions=args.agent_sessions, make_runtime=make_runtime,
+            cold=not args.agent_no_cold,
+        )  # fmt: skip
+        if getattr(args, "json", False):
+            print(json.dumps(long, indent=2))
+        else:
+            print_rows(long)
+            print(json.dumps(long["targets"]))
+        return 0
     result = run_agent_session(
         model,
         turns=args.agent_turns,

@@ -57,4 +57,4 @@ def mlxcore_cache_strategy(
         return [NoPrefixCache()]
     if config.cache_strategy == LRUPrefixCache.name:
         return [LRUPrefixCache(model, size=config.prefix_cache_size)]
-    return [prefix_cache_for(model, config.prefix_cache_size)]
+    return [prefix_cache_for(model, config.prefix_cache_size, distributed=config.distributed)]

@@ -16,6 +16,7 @@ from mlxcore.cli.distributed import parallel_mode
 from mlxcore.cli.model_specs import ServedModels
 from mlxcore.config import ServerConfig
 from mlxcore.engine.events import FinishEvent, TokenEvent
+from mlxcore.engine.prefix_pool import PrefixPool
 from mlxcore.engine.request import SamplingParams
 from mlxcore.engine.validation import RequestRejected
 from mlxcore.errors import MediaError, MlxcoreError
@@ -148,8 +149,10 @@ def serve(config: ServerConfig, hooks: PluginHooks, models: ServedModels) -> int
     from mlxcore.server.metrics import Metrics
     from mlxcore.server.router import ModelRouter
 
+    pool = PrefixPool()  # one prefix-cache budget for every model served
+
     def build(spec: ModelSpec, elsewhere: Callable[[], int]) -> Runtime:
-        return build_runtime(spec.config, spec.hooks, elsewhere)
+        return build_runtime(spec.config, spec.hooks, elsewhere, prefix_pool=pool)
 
     router = ModelRouter(
         models.specs,
@@ -158,6 +161,7 @@ def serve(config: ServerConfig, hooks: PluginHooks, models: ServedModels) -> int
         memory_budget=models.memory_budget,
         idle_unload=models.idle_unload,
         accept_any_name=config.accept_any_model_name,
+        prefix_pool=pool,
     )
     enabled = [name for name, plugin in hooks.pm.list_name_plugin() if plugin is not None]
     log.info("plugins: %s", ", ".join(enabled))
@@ -165,7 +169,7 @@ def serve(config: ServerConfig, hooks: PluginHooks, models: ServedModels) -> int
         return _serve_distributed(config, hooks, router, run_server)
     parallel_mode(config)  # --tensor-parallel without --distributed is refused
     if router.single:
-        rt = build_runtime(config, hooks)
+        rt = build_runtime(config, hooks, prefix_pool=pool)
         log.info("model: %s (%s)", router.default.spec.name, rt.info.model_type)
         log.debug("model folder: %s", rt.info.path)
         router.adopt(router.default, rt)

@@ -13,19 +13,24 @@ from __future__ import annotations
 import collections
 import copy
 import re
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 from mlx_lm.models.cache import (
     LRUPromptCache,
+    RotatingKVCache,
     can_trim_prompt_cache,
     make_prompt_cache,
     trim_prompt_cache,
 )
 
 from mlxcore.engine.cache_explain import REASONS, CacheExplanation, explain_lookup
+from mlxcore.engine.cache_segments import CacheLayout
 from mlxcore.engine.memory import cache_cost, compact_cache
+from mlxcore.engine.prefix_pool import PoolSeat
+from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.strategies import CacheLookup, CacheStats, CacheStrategy, LayerCache
 from mlxcore.errors import UsageError
 
@@ -75,21 +80,37 @@ class EvictionMemory:
         return closest_of(self._entries, prompt)
 
 
-def parse_cache_size(text: str) -> tuple[int | None, int | None]:
-    """``--prefix-cache-size``: ``"32768"`` is tokens, ``"512MB"`` is bytes.
+AUTO = "auto"
+"""``--prefix-cache-size auto``: sized from memory (:mod:`mlxcore.engine.prefix_pool`)."""
 
-    Returns ``(tokens, bytes)`` with one of them set; ``"0"`` disables the cache.
+AUTO_FALLBACK = "32768"
+"""What an ``auto`` cache holds until an engine seats it in its pool (tokens)."""
+
+
+def parse_cache_size(text: str) -> tuple[int | None, int | None]:
+    """``--prefix-cache-size``: ``"32768"`` is tokens, ``"512MB"`` is bytes, ``"auto"``
+    is the engine's prefix-cache pool.
+
+    Returns ``(tokens, bytes)`` with one of them set (``"0"`` disables the cache), or
+    ``(None, None)`` for ``auto``.
     """
+    if text.strip().lower() == AUTO:
+        return None, None
     m = _SIZE.match(text)
     if not m:
         raise UsageError(
-            f"--prefix-cache-size {text!r}: give a token count (e.g. 32768) or a size "
-            "with a unit (e.g. 512MB, 2GiB)"
+            f"--prefix-cache-size {text!r}: give auto, a token count (e.g. 32768) or a "
+            "size with a unit (e.g. 512MB, 2GiB)"
         )
     number, unit = float(m.group(1)), m.group(2)
     if unit is None:
         return int(number), None
     return None, int(number * _UNITS[unit.lower()])
+
+
+def fixed_size(text: str) -> str:
+    """``text``, or the size an ``auto`` cache has before it is seated in a pool."""
+    return AUTO_FALLBACK if parse_cache_size(text) == (None, None) else text
 
 
 class LookupCounter:
@@ -152,6 +173,27 @@ class _ExplainedLRU(LRUPromptCache):
         self.evicted = EvictionMemory()
         self._lru = _EvictionLog(self.evicted)
 
+    def fetch_nearest_cache(self, model: Any, tokens: list[int]) -> tuple[Any, list[int]]:
+        """mlx-lm's lookup; the entry it used then moves to the back of the eviction order.
+        mlx-lm orders entries by insertion only: the entry a system prompt's side requests
+        all resume from aged out after 64 newer entries (measured: two misses in a
+        257K-token session on Gemma 4)."""
+        found = self._trie.search(model, tokens)
+        cache, rest = super().fetch_nearest_cache(model, tokens)
+        used = len(tokens) - len(rest)
+        entry_tokens = None
+        if cache is not None and found.exact is not None and not rest:
+            entry_tokens = found.exact
+        elif cache is not None and found.shorter is not None and used == len(found.shorter):
+            entry_tokens = found.shorter
+        elif cache is not None and found.longer is not None:
+            entry_tokens = found.longer
+        if entry_tokens is not None:
+            kind = self._trie.get(model, entry_tokens).cache_type
+            self._lru.remove(model, entry_tokens)
+            self._lru.push(model, entry_tokens, kind)
+        return cache, rest
+
     def closest(self, key: Any, tokens: list[int]) -> tuple[int, int]:
         """``(entry_tokens, shared)``: the length of the stored entry nearest to
         ``tokens`` and how many leading tokens they share (0, 0 when none)."""
@@ -182,6 +224,10 @@ def closest_of(entries: Iterable[np.ndarray], prompt: np.ndarray) -> tuple[int, 
     return best
 
 
+MIN_WHOLE_SNAPSHOT = 256
+"""Message starts before this token (the system prompt's own) get no whole-entry
+snapshot (:meth:`LRUPrefixCache.snapshot_points`)."""
+
 UNBOUNDED_BYTES = 1 << 62
 """The byte bound of a cache that evicts only when told (see ``follow_evictions``)."""
 
@@ -196,7 +242,9 @@ class LRUPrefixCache(CacheStrategy):
     bytes held; a token budget is turned into bytes with the model's measured
     cache cost per token (plus, for hybrid models, the fixed recurrent state of two
     entries). History checkpoints are kept longer than finished sequences
-    (:meth:`store_checkpoint`).
+    (:meth:`store_checkpoint`); a sliding-window model's cache also keeps a copy where
+    the first message after the system prompt starts (:meth:`snapshot_points`). The
+    size ``auto`` (the default) is a seat in the engine's prefix-cache pool.
 
     A tier in front of it (a plugin's disk cache) composes :meth:`find` and
     :meth:`insert` instead of :meth:`lookup` and :meth:`store`.
@@ -207,9 +255,10 @@ class LRUPrefixCache(CacheStrategy):
     KEY: ClassVar[str] = "model"
     """mlx-lm's cache is keyed by model; one strategy instance serves one model."""
 
-    def __init__(self, model: Any, size: str = "32768") -> None:
+    def __init__(self, model: Any, size: str = AUTO) -> None:
         self.model = model
-        self.max_tokens, max_bytes = parse_cache_size(size)
+        self.auto = parse_cache_size(size) == (None, None)
+        self.max_tokens, max_bytes = parse_cache_size(fixed_size(size))
         if self.max_tokens:
             # N tokens of history, plus the fixed recurrent state of the two entries a
             # conversation turn stores (its history checkpoint and its finished sequence)
@@ -218,9 +267,25 @@ class LRUPrefixCache(CacheStrategy):
         elif self.max_tokens is not None:
             max_bytes = 0
         self.lru = _ExplainedLRU(self.max_entries, max_bytes or 0)
-        self.trimmable = can_trim_prompt_cache(make_prompt_cache(model))
+        fresh = make_prompt_cache(model)
+        self.trimmable = can_trim_prompt_cache(fresh)
         """Whether this model's cache can be cut back to any prefix (no recurrent state)."""
+        self.rewinds = self.trimmable and not any(isinstance(c, RotatingKVCache) for c in fresh)
+        """Whether every entry can be cut back: a sliding window that wrapped cannot be."""
+        self.only_choice = CacheLayout.of(fresh) is None
+        """The radix tree cannot cut this model's cache (sliding windows, nested caches):
+        whole entries are its only prefix reuse, not a choice (``--cache-strategy lru``)."""
         self.counter = LookupCounter()
+        self.seat: PoolSeat | None = None
+        """The pool this cache is sized from (``auto`` only, once the engine seats it)."""
+        self._lock = threading.RLock()
+
+    def size_from_pool(self, seat: PoolSeat) -> bool:
+        if not self.auto or self.lru.max_bytes == UNBOUNDED_BYTES:
+            return False
+        self.seat = seat
+        self.lru.max_bytes = UNBOUNDED_BYTES  # the pool bounds it (settle, after inserts)
+        return True
 
     @property
     def enabled(self) -> bool:
@@ -238,10 +303,11 @@ class LRUPrefixCache(CacheStrategy):
         if not self.enabled:
             explanation = CacheExplanation("disabled", len(prompt))
             return CacheLookup(make_prompt_cache(self.model), 0, explanation)
-        cache, cached = self._nearest(prompt) if len(prompt) > 1 else (None, 0)
-        if cache is None or cached <= 0:
-            cache, cached = make_prompt_cache(self.model), 0
-        return CacheLookup(cache, cached, self._explain(prompt, cached))
+        with self._lock:
+            cache, cached = self._nearest(prompt) if len(prompt) > 1 else (None, 0)
+            if cache is None or cached <= 0:
+                cache, cached = make_prompt_cache(self.model), 0
+            return CacheLookup(cache, cached, self._explain(prompt, cached))
 
     def _explain(self, prompt: list[int], cached: int) -> CacheExplanation:
         entry, shared = self.lru.closest(self.KEY, prompt)
@@ -273,6 +339,24 @@ class LRUPrefixCache(CacheStrategy):
             return None, 0
         return cache, len(tokens) - 1 - len(rest)
 
+    def snapshot_points(self, request: GenerationRequest, start: int) -> list[int]:
+        """For a model the radix tree cannot cut whose cache cannot be cut back either (a
+        sliding window past its size): where the first message after the system prompt
+        starts, unless an entry ends there already. An agent's side requests and its
+        compacted request share the system prompt and tools with the session, then part;
+        a whole entry is reused only when it ends exactly where a prompt leaves it. One
+        copy per system prompt. (``--cache-strategy lru`` on a model the tree can cut keeps
+        mlx-lm's whole entries as they were: the agent bench's baseline.)"""
+        if self.rewinds or not self.only_choice or not self.enabled:
+            return []
+        last = len(request.prompt_tokens) - 1
+        for point in sorted(request.boundaries):
+            if start < point < last and point >= MIN_WHOLE_SNAPSHOT:
+                with self._lock:
+                    found = self.lru._trie.search(self.KEY, list(request.cache_tokens[:point]))
+                return [] if found.exact is not None else [point]
+        return []
+
     def store(self, tokens: Sequence[int], cache: LayerCache) -> None:
         self.insert(tokens, cache, "assistant")
 
@@ -290,25 +374,33 @@ class LRUPrefixCache(CacheStrategy):
         if not self.enabled or not tokens or not cache:
             return None
         kept = compact_cache(cache)
-        self.lru.insert_cache(self.KEY, list(tokens), kept, cache_type=kind)
+        with self._lock:
+            self.lru.insert_cache(self.KEY, list(tokens), kept, cache_type=kind)
+        if self.seat is not None:
+            self.seat.settle()
         return kept
 
     def clear(self) -> None:
-        self.lru.trim_to(n_sequences=0)
+        with self._lock:
+            self.lru.trim_to(n_sequences=0)
 
     def evict(self, nbytes: int) -> None:
-        self.lru.trim_to(n_bytes=self.lru.nbytes - nbytes)
+        with self._lock:
+            self.lru.trim_to(n_bytes=self.lru.nbytes - nbytes)
 
     def follow_evictions(self) -> None:
         if self.enabled:
+            self.seat = None
             self.lru.max_bytes = UNBOUNDED_BYTES
 
     def trim_entries(self, count: int) -> None:
-        self.lru.trim_to(n_sequences=count)
+        with self._lock:
+            self.lru.trim_to(n_sequences=count)
 
     def stats(self) -> CacheStats:
+        capacity = self.seat.capacity() if self.seat is not None else self.lru.max_bytes
         return self.counter.stats(
-            entries=len(self.lru), nbytes=self.lru.nbytes, capacity_bytes=self.lru.max_bytes
+            entries=len(self.lru), nbytes=self.lru.nbytes, capacity_bytes=capacity
         )
 
 

@@ -13,7 +13,13 @@ shares the system prompt and tools, then differs) and every
 
 A snapshot costs the model's fixed recurrent state, a segment only its own tokens' keys
 and values. Both count against the budget; eviction is least recently used over leaves
-and inner snapshots (:mod:`mlxcore.engine.prefix_tree`).
+and inner snapshots, what later requests resumed from kept longer than what none did
+(:mod:`mlxcore.engine.prefix_tree`). The budget is the process's prefix-cache pool by
+default (``--prefix-cache-size auto``, :mod:`mlxcore.engine.prefix_pool`: sized from the
+memory left beside the weights and the running requests), or a size of its own.
+
+The engine's thread does the lookups and stores; another model's engine may evict from
+this cache when the pool is over its capacity, so the tree is changed under a lock.
 
 Models whose cache the tree cannot cut (sliding-window or nested layers) keep whole
 entries in :class:`~mlxcore.defaults.prefix_cache.LRUPrefixCache` instead
@@ -24,6 +30,8 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,6 +43,7 @@ from mlxcore.defaults.prefix_cache import (
     EvictionMemory,
     LookupCounter,
     LRUPrefixCache,
+    fixed_size,
     parse_cache_size,
 )
 from mlxcore.engine.cache_explain import CacheExplanation, explain_lookup
@@ -46,6 +55,7 @@ from mlxcore.engine.cache_segments import (
     split_segment,
 )
 from mlxcore.engine.memory import cache_cost
+from mlxcore.engine.prefix_pool import PoolSeat
 from mlxcore.engine.prefix_tree import Node, PathMatch, PrefixTree
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.strategies import CacheLookup, CacheStats, CacheStrategy, LayerCache
@@ -71,15 +81,26 @@ class RadixPrefixCache(CacheStrategy):
 
     Args:
         model: the model whose caches are stored.
-        size: ``--prefix-cache-size``: tokens of history (``"32768"``) or bytes
-            (``"512MB"``); ``"0"`` disables the cache. A token budget also pays for one
-            snapshot per :attr:`gap` tokens on hybrid models.
+        size: ``--prefix-cache-size``: ``"auto"`` (a seat in the engine's prefix-cache
+            pool, :meth:`size_from_pool`; 32,768 tokens until it has one), tokens of
+            history (``"32768"``) or bytes (``"512MB"``); ``"0"`` disables the cache. A
+            token budget also pays for one snapshot per :attr:`gap` tokens on hybrid
+            models.
         layout: the model's cache layout (measured from ``model`` when not given).
+        protect_reused: keep what later requests resumed from longer than what none did
+            (off in a distributed group, whose ranks must evict alike).
     """
 
     name = "radix"
 
-    def __init__(self, model: Any, size: str = "32768", layout: CacheLayout | None = None):
+    def __init__(
+        self,
+        model: Any,
+        size: str = "auto",
+        layout: CacheLayout | None = None,
+        *,
+        protect_reused: bool = True,
+    ):
         self.model = model
         found = layout or CacheLayout.of(make_prompt_cache(model))
         if found is None:
@@ -94,14 +115,18 @@ class RadixPrefixCache(CacheStrategy):
         self.interval = SNAPSHOT_INTERVAL
         while self.interval < 4 * self.gap:
             self.interval *= 2
-        self.max_tokens, max_bytes = parse_cache_size(size)
+        self.auto = parse_cache_size(size) == (None, None)
+        self.max_tokens, max_bytes = parse_cache_size(fixed_size(size))
         if self.max_tokens:
             max_bytes = self.max_tokens * per_token
             if self.layout.recurrent:
                 max_bytes += (self.max_tokens // self.gap + 2) * fixed
         elif self.max_tokens is not None:
             max_bytes = 0
-        self.max_bytes = max_bytes or 0
+        self._own_bytes = max_bytes or 0
+        self.seat: PoolSeat | None = None
+        """The pool this cache is sized from (``auto`` only, once the engine seats it)."""
+        self._following = False
         self.max_nodes = MAX_NODES
         self.evicted = EvictionMemory()
         self.tree = PrefixTree(
@@ -109,8 +134,26 @@ class RadixPrefixCache(CacheStrategy):
             needs_snapshots=self.layout.recurrent,
             on_evict=self._remember,
             size=segment_nbytes,
+            protect_reused=protect_reused,
         )
         self.counter = LookupCounter()
+        self._lock = threading.RLock()
+
+    @property
+    def max_bytes(self) -> int:
+        """The most bytes kept: the pool's capacity when seated in one, else the
+        configured size."""
+        if self._following:
+            return UNBOUNDED_BYTES
+        if self.seat is not None:
+            return self.seat.capacity()
+        return self._own_bytes
+
+    def size_from_pool(self, seat: PoolSeat) -> bool:
+        if not self.auto or self._following:
+            return False
+        self.seat = seat
+        return True
 
     @property
     def trimmable(self) -> bool:
@@ -135,15 +178,41 @@ class RadixPrefixCache(CacheStrategy):
         if not self.enabled:
             explanation = CacheExplanation("disabled", len(prompt))
             return CacheLookup(make_prompt_cache(self.model), 0, explanation)
-        match = self.tree.match(prompt)
-        nodes, usable, snapshot = self._usable(match, len(prompt) - 1)
-        if usable > 0:
-            segments = [node.segment for node in nodes]
-            cache = self.layout.assemble(segments, usable, snapshot)
-            self.tree.touch(nodes[-1:])
-        else:
-            cache = make_prompt_cache(self.model)
-        return CacheLookup(cache, usable, self._explain(prompt, usable, match))
+        with self._lock:
+            match = self.tree.match(prompt)
+            nodes, usable, snapshot = self._usable(match, len(prompt) - 1)
+            if usable > 0:
+                segments = [node.segment for node in nodes]
+                cache = self.layout.assemble(segments, usable, snapshot)
+                self.tree.touch(nodes[-1:], reused=True)
+            else:
+                cache = make_prompt_cache(self.model)
+            explanation = self._explain(prompt, usable, match)
+        if self.seat is not None and usable > 0:
+            self.seat.active_at = time.monotonic()
+        return CacheLookup(cache, usable, explanation)
+
+    def segments(self, tokens: Sequence[int], length: int) -> list[Segment] | None:
+        """The attention segments of the first ``length`` tokens of ``tokens``, when
+        the tree holds them (None otherwise): a disk tier rebuilds a longer prefix from
+        these and its own files past them."""
+        if length <= 0:
+            return []
+        with self._lock:
+            match = self.tree.match(np.asarray(tokens[:length], dtype=np.int64))
+            if match.shared < length:
+                return None
+            out: list[Segment] = []
+            for node in match.nodes:
+                if node.start >= length:
+                    break
+                if node.end <= length:
+                    out.append(node.segment)
+                else:
+                    out.append([p if p is None else p.cut(0, length - node.start)
+                                for p in node.segment])  # fmt: skip
+            self.tree.touch(match.nodes[-1:], reused=True)
+        return out
 
     def _usable(self, match: PathMatch, limit: int) -> tuple[list[Node], int, Any]:
         """The nodes to rebuild from, how many tokens they give, and the snapshot."""
@@ -157,7 +226,8 @@ class RadixPrefixCache(CacheStrategy):
 
     def longest(self, tokens: Sequence[int]) -> int:
         """How many leading tokens of ``tokens`` the tree holds (usable or not)."""
-        return self.tree.match(np.asarray(tokens, dtype=np.int64)).shared
+        with self._lock:
+            return self.tree.match(np.asarray(tokens, dtype=np.int64)).shared
 
     def _explain(self, prompt: np.ndarray, cached: int, match: PathMatch) -> CacheExplanation:
         evicted, evicted_shared = self.evicted.closest(prompt)
@@ -222,35 +292,47 @@ class RadixPrefixCache(CacheStrategy):
             snapshot = self.layout.take_snapshot(cache)
             return snapshot, snapshot_nbytes(snapshot)
 
-        node = self.tree.insert(
-            np.asarray(tokens, dtype=np.int64),
-            segment_for,
-            snapshot_for if self.layout.recurrent else None,
-        )
+        with self._lock:
+            node = self.tree.insert(
+                np.asarray(tokens, dtype=np.int64),
+                segment_for,
+                snapshot_for if self.layout.recurrent else None,
+            )
         self._enforce()
-        return node if node is not None and node.serial in self.tree.nodes else None
+        with self._lock:
+            return node if node is not None and node.serial in self.tree.nodes else None
 
     def _enforce(self) -> None:
-        if self.tree.nbytes > self.max_bytes:
-            self.tree.evict_bytes(self.max_bytes)
-        if len(self.tree.nodes) > self.max_nodes:
-            self.tree.evict(lambda: len(self.tree.nodes) <= self.max_nodes)
+        """Back within the bounds: the pool's (every cache it seats together, outside
+        this cache's lock) or this cache's own; and the node count."""
+        if self.seat is not None and not self._following:
+            self.seat.settle()
+        with self._lock:
+            limit = self.max_bytes
+            if self.seat is None and self.tree.nbytes > limit:
+                self.tree.evict_bytes(limit)
+            if len(self.tree.nodes) > self.max_nodes:
+                self.tree.evict(lambda: len(self.tree.nodes) <= self.max_nodes)
 
     # -- the rest of the interface ---------------------------------------------------
 
     def clear(self) -> None:
-        self.tree.clear()
+        with self._lock:
+            self.tree.clear()
 
     def evict(self, nbytes: int) -> None:
-        self.tree.evict_bytes(self.tree.nbytes - nbytes)
+        with self._lock:
+            self.tree.evict_bytes(self.tree.nbytes - nbytes)
 
     def follow_evictions(self) -> None:
         if self.enabled:
-            self.max_bytes = UNBOUNDED_BYTES
+            self._following = True
+            self.seat = None
             self.max_nodes = 1 << 62
 
     def trim_entries(self, count: int) -> None:
-        self.tree.evict_entries(count)
+        with self._lock:
+            self.tree.evict_entries(count)
 
     def shared_settings(self) -> Any:
         return {"cache": self.name, "gap": self.gap, "interval": self.interval}
@@ -281,10 +363,13 @@ def _entry_end(match: PathMatch) -> int:
     return node.end
 
 
-def prefix_cache_for(model: Any, size: str) -> RadixPrefixCache | LRUPrefixCache:
+def prefix_cache_for(
+    model: Any, size: str, *, distributed: bool = False
+) -> RadixPrefixCache | LRUPrefixCache:
     """The built-in prefix cache for ``model``: the radix tree when its cache can be cut
-    into segments, else whole entries in mlx-lm's LRU."""
+    into segments, else whole entries in mlx-lm's LRU (``distributed``: a rank of a
+    group, which evicts by plain LRU)."""
     layout = CacheLayout.of(make_prompt_cache(model))
     if layout is None:
         return LRUPrefixCache(model, size=size)
-    return RadixPrefixCache(model, size=size, layout=layout)
+    return RadixPrefixCache(model, size=size, layout=layout, protect_reused=not distributed)

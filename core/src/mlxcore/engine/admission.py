@@ -20,6 +20,7 @@ from mlxcore.engine.events import OVERLOADED, UNAVAILABLE, FinishEvent, RequestH
 from mlxcore.engine.jobs import JobQueue, ModelJob
 from mlxcore.engine.loop import BatchLoop
 from mlxcore.engine.memory import MemoryBudget
+from mlxcore.engine.prefix_pool import PoolSeat
 from mlxcore.errors import MlxcoreError
 
 log = logging.getLogger("mlxcore.engine.engine")
@@ -63,6 +64,7 @@ class Admission:
     model: Any
     config: ServerConfig
     memory: MemoryBudget
+    pool_seat: PoolSeat
     jobs: JobQueue
     _waiting: collections.deque[RequestHandle]
     expired: int
@@ -235,6 +237,9 @@ class Admission:
                 loop.decoder.release(reserved - budget)
             except Exception:
                 log.exception("decoder %s failed to release memory", loop.decoder.name)
+            budget = self.memory.kv_budget(held_bytes(loop))
+        if budget is not None and reserved > budget:  # then the other models' prefix caches
+            self.pool_seat.reclaim(reserved - budget)
             budget = self.memory.kv_budget(held_bytes(loop))
         return budget is None or reserved <= budget
 

@@ -49,6 +49,7 @@ from mlxcore.engine.kv_quant import KVQuantization
 from mlxcore.engine.loop import BatchLoop
 from mlxcore.engine.memory import MemoryBudget, release_memory
 from mlxcore.engine.parts import EngineParts, StepSync
+from mlxcore.engine.prefix_pool import PrefixPool
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.strategies import CacheStrategy, Decoder, PrefillStrategy
 from mlxcore.engine.threads import run_job
@@ -80,6 +81,9 @@ class Engine(Admission):
         parts: the strategy factories and the plugins' per-request processors.
         memory_elsewhere: bytes the other models of this process hold, read whenever
             admission checks the budget (the server's model router passes it).
+        prefix_pool: the prefix-cache pool shared by the process's models (the router
+            passes one; otherwise the engine has its own): an ``auto``-sized cache takes
+            its bound from it (:mod:`mlxcore.engine.prefix_pool`).
     """
 
     def __init__(
@@ -89,6 +93,7 @@ class Engine(Admission):
         config: ServerConfig,
         parts: EngineParts,
         memory_elsewhere: Callable[[], int] | None = None,
+        prefix_pool: PrefixPool | None = None,
     ) -> None:
         self.model = model
         self.info = info
@@ -111,6 +116,13 @@ class Engine(Admission):
         """Totals across loops: ``prompt_tokens_processed``, ``prefill_shared_prefix_waits``."""
         self._loop = self.new_loop()
         self.memory.side_per_token = self.decoder.side_cache_bytes_per_token()
+        running = config.max_num_seqs * self.memory.cost(
+            self.max_context or self.memory.max_context() or 0
+        )
+        self.prefix_pool = prefix_pool or PrefixPool()
+        self.pool_seat = self.prefix_pool.join(self.memory, running, lambda: self._loop.cache)
+        """This model's place in the prefix-cache pool (left at shutdown)."""
+        self._seat_cache(self._loop)
         vocab = int(getattr(model.args, "vocab_size", 0) or 0) if hasattr(model, "args") else 0
         self.limits = ModelLimits(
             vocab_size=max(vocab, len(info.vocab), 1),
@@ -175,6 +187,20 @@ class Engine(Admission):
             0.0 if self.config.distributed else self.config.prefill_time_share,
         )
 
+    def _seat_cache(self, loop: BatchLoop) -> None:
+        """Offer ``loop``'s cache strategy this engine's pool seat; say what it holds."""
+        self.pool_seat.taken = loop.cache.size_from_pool(self.pool_seat)
+        if self.pool_seat.taken:
+            figures = self.prefix_pool.figures()
+            log.info(
+                "prefix cache: auto, %s",
+                figures.describe() if figures is not None else "memory not known: 2 GiB",
+            )
+        else:
+            capacity = loop.cache.stats().capacity_bytes
+            if capacity:
+                log.info("prefix cache: %.2f GiB (--prefix-cache-size)", capacity / 2**30)
+
     @property
     def cache(self) -> CacheStrategy:
         """The current cache strategy."""
@@ -227,6 +253,7 @@ class Engine(Admission):
         """:meth:`begin_shutdown`, then wait until the generation thread has ended."""
         grace = self.config.shutdown_timeout if timeout is None else timeout
         self.begin_shutdown(timeout)
+        self.pool_seat.leave()
         with self._wake:
             if self.state == "new":
                 self.state = "stopped"
@@ -514,6 +541,7 @@ class Engine(Admission):
             with self._wake:
                 self.state, self.reason = "failed", f"restart failed: {type(exc).__name__}"
             return False
+        self._seat_cache(loop)
         with self._wake:
             if epoch != self._epoch:
                 return False

@@ -14,6 +14,17 @@ them, so two trees fed the same operations evict the same units (distributed ran
 rely on it). In a tree that needs snapshots, a leaf left without one is useless and is
 removed with its parent's eviction.
 
+With ``protect_reused`` (a segmented LRU), units that a later request resumed from
+(:meth:`PrefixTree.touch` with ``reused``: a conversation's history, a shared system
+prompt) are evicted after those no request came back to (a side request's own leaf, a
+one-off prompt, a turn's generated tail that the next turn re-rendered), as long as the
+reused ones hold at most :data:`PROTECTED_SHARE` of the bytes the eviction leaves;
+beyond that the least recently used of them (sessions idle longest) lose their place,
+the end of a path before its beginning. So a burst of one-off requests cannot push a
+live session's history out, and a session too long for the budget keeps its longest
+prefix. Distributed ranks evict by plain LRU (``protect_reused=False``): their
+evictions must agree, and the protected set depends on when a rank evicts.
+
 The tree knows nothing about MLX: segments are split with the ``split`` function given
 to it, and sizes are passed in. :mod:`mlxcore.engine.cache_segments` supplies both for
 real caches.
@@ -31,6 +42,13 @@ import numpy as np
 Split = Callable[[Any, int], tuple[Any, Any]]
 """``split(segment, at)`` -> the segment's first ``at`` tokens and the rest."""
 
+PROTECTED_SHARE = 0.8
+"""The most of the bytes an eviction leaves that reused units may keep ahead of the
+others (see the module docstring)."""
+
+UnitKey = tuple[int, int, int, int, "Node"]
+"""An eviction unit's order: (protected, last used, inner snapshot after leaf, serial)."""
+
 
 class Node:
     """A run of tokens and its state (see the module docstring)."""
@@ -39,6 +57,7 @@ class Node:
         "children",
         "last_used",
         "parent",
+        "reused",
         "segment",
         "segment_bytes",
         "serial",
@@ -59,6 +78,8 @@ class Node:
         self.snapshot: Any = None
         self.snapshot_bytes = 0
         self.last_used = 0
+        self.reused = False
+        """A lookup after this node was stored resumed from it or below it."""
 
     @property
     def end(self) -> int:
@@ -125,6 +146,7 @@ class PrefixTree:
         split: splits a segment (see :data:`Split`).
         needs_snapshots: the state is usable only at snapshots (hybrid models).
         on_evict: called with each leaf before it is removed (its tokens are still there).
+        protect_reused: evict reused units after the others (see the module docstring).
         size: a segment's bytes, to account for a split's two halves exactly (a split
             costs more than the whole when each half carries a fixed cost); without it
             the bytes are shared in proportion to the tokens.
@@ -137,8 +159,10 @@ class PrefixTree:
         needs_snapshots: bool,
         on_evict: Callable[[Node], None] | None = None,
         size: Callable[[Any], int] | None = None,
+        protect_reused: bool = True,
     ) -> None:
         self.split = split
+        self.protect_reused = protect_reused
         self.size = size
         self.needs_snapshots = needs_snapshots
         self.on_evict = on_evict
@@ -175,13 +199,15 @@ class PrefixTree:
             node = child
         return PathMatch(nodes, at)
 
-    def touch(self, nodes: list[Node]) -> None:
-        """Mark ``nodes`` (and their ancestors) as used now."""
+    def touch(self, nodes: list[Node], *, reused: bool = False) -> None:
+        """Mark ``nodes`` (and their ancestors) as used now; ``reused``: by a request
+        that resumes from them (not the one that stored them)."""
         self.clock += 1
         for node in nodes:
             up: Node | None = node
-            while up is not None and up.last_used != self.clock:
+            while up is not None and (up.last_used != self.clock or (reused and not up.reused)):
                 up.last_used = self.clock
+                up.reused = up.reused or reused
                 up = up.parent
 
     # -- writing -------------------------------------------------------------------
@@ -238,7 +264,7 @@ class PrefixTree:
         self.nbytes += head_bytes + tail_bytes - node.segment_bytes
         upper = self._new(node.parent, node.tokens[:at].copy())
         upper.segment, upper.segment_bytes = head_seg, head_bytes
-        upper.last_used = node.last_used
+        upper.last_used, upper.reused = node.last_used, node.reused
         node.tokens = node.tokens[at:].copy()
         node.start += at
         node.segment, node.segment_bytes = tail_seg, tail_bytes
@@ -248,24 +274,42 @@ class PrefixTree:
 
     # -- eviction --------------------------------------------------------------------
 
-    @staticmethod
-    def _unit(node: Node) -> tuple[int, int, int, Node]:
-        # least recently used first; on a tie a leaf before an inner snapshot (a path is
-        # touched as a whole, and its end is the most specific part of it)
-        return (node.last_used, 1 if node.children else 0, node.serial, node)
+    def _protected(self, keep_bytes: int | None) -> set[int]:
+        """Serials of the reused nodes that keep their place: the most recently used
+        first (a path's beginning before its end) while they hold at most
+        :data:`PROTECTED_SHARE` of ``keep_bytes``."""
+        if not self.protect_reused or not keep_bytes:
+            return set()
+        reused = sorted(
+            (n for n in self.nodes.values() if n.reused),
+            key=lambda n: (-n.last_used, n.start, n.serial),
+        )
+        room, held, out = int(keep_bytes * PROTECTED_SHARE), 0, set()
+        for node in reused:
+            held += node.nbytes
+            if held > room:
+                break
+            out.add(node.serial)
+        return out
 
-    def _units(self) -> list[tuple[int, int, int, Node]]:
+    def evict(self, done: Callable[[], bool], keep_bytes: int | None = None) -> int:
+        """Evict units until ``done()``; returns how many. Least recently used first; on
+        a tie a leaf before an inner snapshot (a path is touched as a whole, and its end
+        is the most specific part of it); reused units after the others while they hold
+        at most :data:`PROTECTED_SHARE` of ``keep_bytes`` (the bytes the eviction aims
+        to leave; None: plain LRU)."""
+        protected = self._protected(keep_bytes)
+
+        def unit(node: Node) -> UnitKey:
+            kept = 1 if node.serial in protected else 0
+            return (kept, node.last_used, 1 if node.children else 0, node.serial, node)
+
         units = [
-            self._unit(node)
+            unit(node)
             for node in self.nodes.values()
             if not node.children or node.snapshot is not None
         ]
         heapq.heapify(units)
-        return units
-
-    def evict(self, done: Callable[[], bool]) -> int:
-        """Evict least recently used units until ``done()``; returns how many."""
-        units = self._units()
         count = 0
         while units and not done():
             node = heapq.heappop(units)[-1]
@@ -285,13 +329,13 @@ class PrefixTree:
                 ):
                     parent = self._remove_leaf(parent, logged=False)
                 if parent is not None and not parent.children:
-                    heapq.heappush(units, self._unit(parent))
+                    heapq.heappush(units, unit(parent))
             count += 1
         return count
 
     def evict_bytes(self, limit: int) -> int:
         """Evict until at most ``limit`` bytes are held."""
-        return self.evict(lambda: self.nbytes <= limit)
+        return self.evict(lambda: self.nbytes <= limit, keep_bytes=max(0, limit))
 
     def evict_entries(self, limit: int) -> int:
         """Evict until at most ``limit`` units are held."""

@@ -26,13 +26,16 @@ from __future__ import annotations
 import abc
 import copy
 from collections.abc import Callable, Generator, Mapping, Sequence
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import attrs
 
 from mlxcore.engine.cache_explain import CacheExplanation
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.errors import MlxcoreError
+
+if TYPE_CHECKING:
+    from mlxcore.engine.prefix_pool import PoolSeat
 
 LayerCache = list[Any]
 """One mlx-lm cache object per model layer."""
@@ -130,6 +133,15 @@ class CacheStrategy(abc.ABC):
         this one (a hybrid model resumes only where a snapshot was kept). Called once per
         request, after :meth:`lookup`. Default: none."""
         return []
+
+    def size_from_pool(self, seat: PoolSeat) -> bool:
+        """The engine offers its seat in the process's prefix-cache pool, once, after
+        building the strategy (:mod:`mlxcore.engine.prefix_pool`). A strategy sized
+        ``auto`` (``--prefix-cache-size``, the default) takes the pool's capacity as its
+        bound and calls ``seat.settle()`` after it grows; a wrapper (a disk tier)
+        forwards the seat to the cache it wraps. Returns True when taken. Default: not
+        taken (the strategy keeps its own bound)."""
+        return False
 
     def prefetch(self, request: GenerationRequest) -> None:
         """``request`` waits in the engine's queue: start bringing its stored prefix

@@ -65,6 +65,7 @@ _BYTES = [
     "weights_bytes",
     "kv_reserved_bytes",
     "prefix_cache_bytes",
+    "prefix_cache_budget_bytes",
     "mlx_active_bytes",
     "mlx_cache_bytes",
 ]
@@ -126,6 +127,8 @@ async def health(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
             "weights_bytes": int(stats.get("memory_weights_bytes", 0)),
             "kv_reserved_bytes": int(stats.get("memory_kv_reserved_bytes", 0)),
             "prefix_cache_bytes": int(stats.get("prefix_cache_bytes", 0)),
+            # what the prefix caches may hold (--prefix-cache-size; auto: from memory)
+            "prefix_cache_budget_bytes": int(stats.get("memory_prefix_cache_budget_bytes", 0)),
             "mlx_active_bytes": int(stats["memory_active_bytes"]),
             "mlx_cache_bytes": int(stats["memory_cache_bytes"]),
         },

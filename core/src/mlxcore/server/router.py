@@ -34,6 +34,7 @@ import attrs
 
 from mlxcore.engine.adapters import adapters_of
 from mlxcore.engine.memory import parameter_bytes, physical_memory, release_memory
+from mlxcore.engine.prefix_pool import PrefixPool
 from mlxcore.engine.threads import call_on_worker
 from mlxcore.models.catalog import ModelSpec
 from mlxcore.runtime import Runtime
@@ -100,6 +101,7 @@ class ModelRouter:
         memory_budget: int | None = None,
         idle_unload: float = 0.0,
         accept_any_name: bool = False,
+        prefix_pool: PrefixPool | None = None,
     ) -> None:
         if not specs:
             raise ValueError("a router needs at least one model")
@@ -112,6 +114,9 @@ class ModelRouter:
         self.memory_budget = memory_budget or (int(total * utilization) if total else None)
         self.idle_unload = idle_unload
         self.accept_any_name = accept_any_name
+        self.prefix_pool = prefix_pool
+        """The prefix-cache budget the models' engines share (``--prefix-cache-size
+        auto``), when the builder gives them one."""
         self.max_wait = specs[0].config.max_queue_wait or 120.0
         self._load_lock = asyncio.Lock()
         self._watch: asyncio.Task[None] | None = None
@@ -417,6 +422,11 @@ class ModelRouter:
             for key, value in engine_gauges(slot.service.runtime.engine).items():
                 total[key] = total.get(key, 0.0) + value
         total.update(memory_gauges())
+        pool = self.prefix_pool
+        seated = sum(1 for seat in pool.seats if seat.taken) if pool is not None else 0
+        if pool is not None and seated > 1:
+            # each engine sized from the pool reports its capacity: count it once
+            total["memory_prefix_cache_budget_bytes"] -= (seated - 1) * pool.capacity()
         total["models_loaded"] = float(len(self.loaded()))
         total["models_weights_bytes"] = float(sum(s.footprint for s in self.loaded()))
         if self.memory_budget is not None:

@@ -87,7 +87,7 @@ def mlxcore_configure(config: ServerConfig) -> None:
 def mlxcore_cache_strategy(model: Any, info: ModelInfo, config: ServerConfig) -> CacheStrategy:
     """The built-in prefix cache of ``--prefix-cache-size`` with the disk tier behind it."""
     settings = read_settings(config, DiskCacheSettings)
-    memory = prefix_cache_for(model, config.prefix_cache_size)
+    memory = prefix_cache_for(model, config.prefix_cache_size, distributed=config.distributed)
     kv_quant = KVQuantization.from_config(config)
     root = Path(settings.disk_cache_dir).expanduser() if settings.disk_cache_dir else default_dir()
     store: DiskStore | None = None

@@ -328,11 +328,15 @@ class DiskStore:
             self._forget(entry.key)
             raise EntryGone(entry.key) from None
 
-    def prefetch(self, entry: DiskEntry) -> None:
+    def prefetch(self, entry: DiskEntry, held: int = 0) -> None:
         """Read the files of ``entry`` and its parents into memory (any thread), so that
-        a later :meth:`read` finds them there (within :class:`Prefetched`'s bound)."""
+        a later :meth:`read` finds them there (within :class:`Prefetched`'s bound); not
+        the parents ending within the first ``held`` tokens (memory holds them)."""
         try:
-            for link in self.chain(entry):
+            chain = self.chain(entry)
+            for link in chain:
+                if link is not chain[-1] and link.length <= held:
+                    continue
                 if not self.prefetched.has(link.data):
                     self.prefetched.put(link.data, self._read_bytes(link))
         except (EntryGone, OSError):

@@ -36,6 +36,7 @@ from mlxcore.defaults.radix_cache import RadixPrefixCache
 from mlxcore.engine.cache_explain import CacheExplanation, explain_lookup
 from mlxcore.engine.kv_quant import KVQuantization
 from mlxcore.engine.memory import compact_cache
+from mlxcore.engine.prefix_pool import PoolSeat
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.strategies import (
     CacheLookup,
@@ -135,15 +136,16 @@ class DiskTieredCache(CacheStrategy):
                 found.explanation = self._explain(tokens, found.cached_tokens, match, before.source)
             return None
         start = time.perf_counter()
-        cache = self._load(entry, usable)
-        if cache is None:
+        loaded = self._load(entry, usable, tokens)
+        if loaded is None:
             return None
+        cache, nbytes = loaded
         if self.tree is None and usable < entry.length:
             trim_prompt_cache(cache, entry.length - usable)
         if self.tree is not None:
             self.tree.insert(tokens[:usable], cache)  # later prompts find it in memory
         self.reads += 1
-        self.read_bytes += entry.nbytes
+        self.read_bytes += nbytes
         self.read_seconds += time.perf_counter() - start
         match.nearest_tokens, match.shared = entry.length, max(usable, match.shared)
         log.debug("disk-cache: read %d tokens from %s", usable, entry.data)
@@ -178,14 +180,17 @@ class DiskTieredCache(CacheStrategy):
                 return False
         return True
 
-    def _load(self, entry: DiskEntry, usable: int) -> LayerCache | None:
-        """The cache of ``entry``'s first ``usable`` tokens (None: it could not be read)."""
+    def _load(
+        self, entry: DiskEntry, usable: int, tokens: Sequence[int]
+    ) -> tuple[LayerCache, int] | None:
+        """The cache of ``entry``'s first ``usable`` tokens (a prefix of ``tokens``) and
+        the bytes read for it (None: it could not be read)."""
         assert self.disk is not None
         try:
             if self.tree is None:
-                cache = self._read(entry)
+                cache, nbytes = self._read(entry), entry.nbytes
             else:
-                cache = self._assemble(self.disk.chain(entry), usable)
+                cache, nbytes = self._assemble(self.disk.chain(entry), usable, tokens)
             mx.eval(_arrays(cache))
         except EntryGone:
             return None
@@ -199,7 +204,7 @@ class DiskTieredCache(CacheStrategy):
                 exc,
             )
             return None
-        return list(cache)
+        return list(cache), nbytes
 
     def _read(self, entry: DiskEntry) -> LayerCache:
         assert self.disk is not None
@@ -209,18 +214,35 @@ class DiskTieredCache(CacheStrategy):
             raise CorruptEntry("its cache layout is not this model's")
         return cache
 
-    def _assemble(self, chain: list[DiskEntry], usable: int) -> LayerCache:
-        """A sequence's cache from an entry and its parents (root first)."""
+    def _assemble(
+        self, chain: list[DiskEntry], usable: int, tokens: Sequence[int]
+    ) -> tuple[LayerCache, int]:
+        """A sequence's cache from an entry and its parents (root first), and the bytes
+        read. The links whose tokens the memory tier still holds are not read: its
+        segments stand for them (a long session that outgrew memory keeps its beginning
+        there, so only the rest comes from disk). The last link is always read: it holds
+        the recurrent snapshot."""
         assert self.tree is not None
         layout = self.tree.layout
-        segments, snapshot = [], None
-        for link in chain:
+        held = self.tree.longest(tokens[:usable])
+        first = 0
+        while first < len(chain) - 1 and chain[first].length <= held:
+            first += 1
+        segments = self.tree.segments(tokens, chain[first].start) if first else []
+        if segments is None:  # evicted meanwhile
+            first, segments = 0, []
+        assert self.disk is not None
+        for link in chain[:first]:  # a parent stays as recent as its children on disk
+            self.disk.touch(link)
+        snapshot, nbytes = None, 0
+        for link in chain[first:]:
             layers = self._read(link)
             segments.append(segment_of(layout, layers, link.length - link.start))
             snapshot = snapshot_of(layout, layers)
+            nbytes += link.nbytes
         if layout.recurrent and usable != chain[-1].length:
             raise CorruptEntry("a recurrent snapshot resumes only where it was taken")
-        return layout.assemble(segments, usable, snapshot)
+        return layout.assemble(segments, usable, snapshot), nbytes
 
     # -- reading ahead ---------------------------------------------------------
 
@@ -231,19 +253,23 @@ class DiskTieredCache(CacheStrategy):
         if self.disk is None or self.tree is None or len(tokens) < 2 or not _storable(tokens):
             return
         match = self.disk.closest(np.asarray(tokens, dtype=np.int32), trimmable=self.trimmable)
-        if match.entry is None or match.usable <= self.tree.longest(tokens):
+        held = self.tree.longest(tokens)
+        if match.entry is None or match.usable <= held:
             return
         if self._reader is None:
             self._reader = concurrent.futures.ThreadPoolExecutor(
                 1, thread_name_prefix="mlxcore-disk-prefetch"
             )
-        self._reader.submit(self.disk.prefetch, match.entry)
+        self._reader.submit(self.disk.prefetch, match.entry, held)
         self.prefetches += 1
 
     # -- storing ---------------------------------------------------------------
 
     def snapshot_points(self, request: GenerationRequest, start: int) -> list[int]:
         return self.memory.snapshot_points(request, start)
+
+    def size_from_pool(self, seat: PoolSeat) -> bool:
+        return self.memory.size_from_pool(seat)
 
     def store(self, tokens: Sequence[int], cache: LayerCache) -> None:
         if self.tree is not None:

@@ -128,7 +128,7 @@ function renderMetrics(health, json) {
   pairs("memory", [
     ["Weights", bytes(mem.weights_bytes)],
     ["KV reserved", bytes(mem.kv_reserved_bytes)],
-    ["Prefix cache", bytes(mem.prefix_cache_bytes)],
+    ["Prefix cache", `${bytes(mem.prefix_cache_bytes)} of ${bytes(mem.prefix_cache_budget_bytes)}`],
     ["Disk cache", bytes(value(m, "mlxcore_prefix_cache_disk_bytes"))],
     ["MLX active", bytes(mem.mlx_active_bytes)],
     ["MLX buffer cache", bytes(mem.mlx_cache_bytes)],
