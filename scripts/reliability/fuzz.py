@@ -171,10 +171,10 @@ def _bounded(path: str, body: Any, rng: random.Random) -> Any:
         for name in (field, "max_completion_tokens", "min_tokens"):
             if isinstance(body.get(name), int):
                 body = {**body, name: min(body[name], CAPPED_LIMIT)}
-        if path != "/v1/messages" and not any(
-            name in body for name in (field, "max_completion_tokens")
-        ):  # no budget: the server's default (512) queued behind others ran past 300 s
-            body = {**body, field: CAPPED_LIMIT}
+        if path != "/v1/messages" and all(
+            body.get(name) is None for name in (field, "max_completion_tokens")
+        ):  # no budget (absent or null): the server's default (512) queued behind
+            body = {**body, field: CAPPED_LIMIT}  # others ran past 300 s
     return body
 
 

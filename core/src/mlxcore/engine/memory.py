@@ -72,16 +72,29 @@ def _malloc_trim() -> Callable[[int], int] | None:
 M_MMAP_THRESHOLD = -3
 """glibc ``mallopt`` parameter: the size from which allocations are memory-mapped."""
 
-MMAP_THRESHOLD_BYTES = 256 * 1024
+M_TRIM_THRESHOLD = -1
+"""glibc ``mallopt`` parameter: free bytes at a heap's top past which it is shrunk."""
+
+MMAP_THRESHOLD_BYTES = 32 * 2**20
+"""Buffers of this size or more are memory-mapped (glibc's own ceiling for its sliding
+threshold): one that large is rare enough that mapping it fresh costs little beside
+the work that fills it, and it goes back to the system when freed."""
+
+TRIM_THRESHOLD_BYTES = 64 * 2**20
+"""The free memory a heap keeps at its top before giving it back (what glibc sets
+itself once its sliding threshold reaches 32 MiB)."""
 
 
 @functools.cache
 def tune_allocator() -> bool:
-    """Make glibc memory-map every allocation of 256 KiB or more, so a freed buffer goes
-    back to the system at once. By default the threshold rises with every large buffer
-    freed, after which such buffers come from the heap and stay in the process when
-    freed: under steady load RSS grew without bound while MLX's own memory did not.
-    ``MLXCORE_MALLOC_TUNING=0`` turns it off. True when applied."""
+    """Fix glibc's allocation thresholds at start-up (see :data:`MMAP_THRESHOLD_BYTES`,
+    :data:`TRIM_THRESHOLD_BYTES`) instead of letting them slide up from 128 KiB as large
+    buffers are freed; the idle release (:func:`release_memory`) gives the heaps' free
+    pages back. Mapping every buffer of 256 KiB or more (this function's earlier
+    setting) cost a fresh mapping, page faults and a TLB shootdown per buffer: on a
+    2-core VM in 2026-11 prefill ran 4-5x and decode 7x slower than with these
+    thresholds, and a fault-free request held the engine past a 5 s watchdog.
+    ``MLXCORE_MALLOC_TUNING=0`` leaves glibc's defaults. True when applied."""
     if os.environ.get("MLXCORE_MALLOC_TUNING", "1") == "0":
         return False
     name = ctypes.util.find_library("c")
@@ -91,7 +104,8 @@ def tune_allocator() -> bool:
         mallopt = ctypes.CDLL(name).mallopt
     except (OSError, AttributeError):
         return False
-    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+    mapped = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+    return bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)) and mapped
 
 
 def release_memory() -> None:
