@@ -1,10 +1,11 @@
 """The real agent CLIs against a real ``mlxcore serve`` (``make agents-e2e``; not part of
 ``make test``: it installs the CLIs from the npm registry).
 
-Codex CLI (Responses API), Claude Code (Anthropic Messages) and OpenCode (Chat
-Completions) are installed into ``.tools/agents`` at the pinned versions (``LATEST=1``:
-the newest on the registry), each runs in its own throw-away HOME with telemetry and
-updates off, pointed at 127.0.0.1 only. The server runs the tiny Qwen3 test model (40,960
+Codex CLI (Responses API), Claude Code (Anthropic Messages), OpenCode, Qwen Code and
+Continue's ``cn`` (Chat Completions) are installed into ``.tools/agents`` at the pinned
+versions (``LATEST=1``: the newest on the registry), each started by ``mlxcore agent
+NAME`` (which writes its configuration, telemetry and updates off) in its own throw-away
+HOME, pointed at 127.0.0.1 only. The server runs the tiny Qwen3 test model (40,960
 tokens of context: the agents' prompts are 8-20K tokens) with the scripted test plugin,
 so the random model gives every request a short finished answer. For each client:
 turn 1 and a continued turn 2 must exit 0, the requests must reach that client's route
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,23 +37,14 @@ PINNED = {
     "@openai/codex": "0.169.0",
     "@anthropic-ai/claude-code": "2.1.331",
     "opencode-ai": "1.18.33",
+    "@qwen-code/qwen-code": "0.24.4",
+    "@continuedev/cli": "1.5.47",
 }
 ANSWER = "Hello! How can I help?"
-QUIET = {
-    "DISABLE_TELEMETRY": "1",
-    "DISABLE_AUTOUPDATER": "1",
-    "DISABLE_ERROR_REPORTING": "1",
-    "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-    "OPENCODE_DISABLE_AUTOUPDATE": "1",
-    "OPENCODE_DISABLE_SHARE": "1",
-    "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
-    "OPENCODE_DISABLE_MODELS_FETCH": "1",
-    "NO_UPDATE_NOTIFIER": "1",
-}
 
 
 def install() -> Path:
-    """Install the three CLIs; the ``node_modules/.bin`` folder."""
+    """Install the CLIs; the ``node_modules/.bin`` folder."""
     TOOLS.mkdir(parents=True, exist_ok=True)
     latest = os.environ.get("LATEST") == "1"
     specs = [f"{name}@{'latest' if latest else version}" for name, version in PINNED.items()]
@@ -92,19 +85,21 @@ TURNS = ("Say hello", "Again")
 """What the user types: the first starts a session, the others continue it."""
 
 
+def launcher(name: str, bin_dir: Path, base: str, home: Path) -> list[str]:
+    """``mlxcore agent NAME``: the agent's configuration written by mlxcore into
+    ``home``, the installed CLI, the server at ``base``; what follows goes to the agent."""
+    folder = home / "mlxcore-agents"
+    program = {"continue": "cn"}.get(name, name)
+    return [sys.executable, "-m", "mlxcore", "agent", name, "--base-url", base,
+            "--config-dir", str(folder), "--agent-bin", str(bin_dir / program), "--"]  # fmt: skip
+
+
 def codex(bin_dir: Path, base: str, home: Path, turns: tuple[str, ...] = TURNS) -> dict[str, Any]:
-    (home / ".codex").mkdir(parents=True)
-    (home / ".codex" / "config.toml").write_text(
-        'model = "tiny"\nmodel_provider = "mlxcore"\ncheck_for_update_on_startup = false\n\n'
-        "[model_providers.mlxcore]\n"
-        f'name = "mlxcore"\nbase_url = "{base}/v1"\nwire_api = "responses"\n\n'
-        "[analytics]\nenabled = false\n"
-    )
-    env = {**os.environ, **QUIET, "HOME": str(home), "CODEX_HOME": str(home / ".codex")}
-    exe = str(bin_dir / "codex")
-    runs = [run([exe, "exec", "--skip-git-repo-check", "--json", turns[0]], home, env)]
+    env = {**os.environ, "HOME": str(home)}
+    exe = launcher("codex", bin_dir, base, home)
+    runs = [run([*exe, "exec", "--skip-git-repo-check", "--json", turns[0]], home, env)]
     for text in turns[1:]:
-        resume = [exe, "exec", "--skip-git-repo-check", "--json", "resume", "--last", text]
+        resume = [*exe, "exec", "--skip-git-repo-check", "--json", "resume", "--last", text]
         runs.append(run(resume, home, env))
     cached = 0
     for line in runs[-1].stdout.splitlines():
@@ -115,19 +110,11 @@ def codex(bin_dir: Path, base: str, home: Path, turns: tuple[str, ...] = TURNS) 
 
 
 def claude(bin_dir: Path, base: str, home: Path, turns: tuple[str, ...] = TURNS) -> dict[str, Any]:
-    env = {
-        **os.environ,
-        **QUIET,
-        "HOME": str(home),
-        "ANTHROPIC_BASE_URL": base,
-        "ANTHROPIC_API_KEY": "sk-local",
-        "ANTHROPIC_MODEL": "tiny",
-        "ANTHROPIC_SMALL_FAST_MODEL": "tiny",
-    }
-    exe = str(bin_dir / "claude")
-    runs = [run([exe, "-p", turns[0]], home, env)]
+    env = {**os.environ, "HOME": str(home)}
+    exe = launcher("claude", bin_dir, base, home)
+    runs = [run([*exe, "-p", turns[0]], home, env)]
     for text in turns[1:]:
-        runs.append(run([exe, "--continue", "-p", text, "--output-format", "json"], home, env))
+        runs.append(run([*exe, "--continue", "-p", text, "--output-format", "json"], home, env))
     try:
         cached = int(json.loads(runs[-1].stdout)["usage"]["cache_read_input_tokens"])
     except (ValueError, KeyError, TypeError):
@@ -135,30 +122,34 @@ def claude(bin_dir: Path, base: str, home: Path, turns: tuple[str, ...] = TURNS)
     return {"runs": runs, "client_cached": cached, "route": "/v1/messages"}
 
 
-def opencode(
-    bin_dir: Path, base: str, home: Path, turns: tuple[str, ...] = TURNS
-) -> dict[str, Any]:
-    provider = {
-        "npm": "@ai-sdk/openai-compatible",
-        "name": "mlxcore",
-        "options": {"baseURL": f"{base}/v1", "apiKey": "none"},
-        "models": {"tiny": {"name": "tiny", "limit": {"context": 40960, "output": 4096}}},
-    }
-    config = {"provider": {"mlxcore": provider}, "model": "mlxcore/tiny", "autoupdate": False}
-    work = home / "project"
-    (home / ".config" / "opencode").mkdir(parents=True)
-    work.mkdir()
-    for where in (home / ".config" / "opencode", work):
-        (where / "opencode.json").write_text(json.dumps(config, indent=2))
-    env = {**os.environ, **QUIET, "HOME": str(home)}
-    exe = str(bin_dir / "opencode")
-    runs = [run([exe, "run", turns[0]], work, env)]
-    for text in turns[1:]:
-        runs.append(run([exe, "run", "--continue", text], work, env))
-    return {"runs": runs, "client_cached": None, "route": "/v1/chat/completions"}
+def chat_agent(
+    name: str, first: tuple[str, ...], again: tuple[str, ...]
+) -> Callable[..., dict[str, Any]]:
+    """A Chat Completions agent run in a project folder: its first turn is ``first``
+    then the text, each next one ``again`` then the text."""
+
+    def client(
+        bin_dir: Path, base: str, home: Path, turns: tuple[str, ...] = TURNS
+    ) -> dict[str, Any]:
+        work = home / "project"
+        work.mkdir()
+        env = {**os.environ, "HOME": str(home)}
+        exe = launcher(name, bin_dir, base, home)
+        runs = [run([*exe, *first, turns[0]], work, env)]
+        for text in turns[1:]:
+            runs.append(run([*exe, *again, text], work, env))
+        return {"runs": runs, "client_cached": None, "route": "/v1/chat/completions"}
+
+    return client
 
 
-CLIENTS = {"codex": codex, "claude": claude, "opencode": opencode}
+CLIENTS = {
+    "codex": codex,
+    "claude": claude,
+    "opencode": chat_agent("opencode", ("run",), ("run", "--continue")),
+    "qwen": chat_agent("qwen", ("-p",), ("--continue", "-p")),
+    "continue": chat_agent("continue", ("-p",), ("-p", "--resume")),
+}
 
 
 def main() -> int:

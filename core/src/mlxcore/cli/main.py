@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mlxcore.cli")
 
-CORE_COMMANDS = ("serve", "generate", "bench", "plugins", "parse", "launch")
+CORE_COMMANDS = ("serve", "generate", "bench", "plugins", "parse", "launch", "agent")
 MODEL_COMMANDS = ("serve", "generate", "bench")
 
 
@@ -38,6 +38,8 @@ def build_parser(hooks: PluginHooks | None) -> tuple[argparse.ArgumentParser, se
     from mlxcore.bench.compare import add_compare_options
     from mlxcore.bench.options import add_bench_options
     from mlxcore.bench.peer import add_peer_options
+    from mlxcore.cli.agent_command import HELP as AGENT_HELP
+    from mlxcore.cli.agent_command import add_agent_command
     from mlxcore.cli.launch_command import HELP as LAUNCH_HELP
     from mlxcore.cli.launch_command import add_launch_command
     from mlxcore.cli.parse_command import HELP as PARSE_HELP
@@ -102,6 +104,7 @@ def build_parser(hooks: PluginHooks | None) -> tuple[argparse.ArgumentParser, se
     add("plugins", "list installed plugins: name, distribution, version, hooks, status")
     add_launch_command(add("launch", LAUNCH_HELP))
     add("parse", PARSE_HELP, add_parse_options)
+    add("agent", AGENT_HELP, add_agent_command)
     if hooks is not None:
         hooks.add_commands(_PluginCommands(sub))
         core_dests.add("mlxcore_handler")
@@ -181,7 +184,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         load_plugins(pm, selection)
         hooks = PluginHooks(pm)
         parser, core_dests = build_parser(hooks)
+        agent_args: list[str] = []
+        if command == "agent":
+            from mlxcore.cli.agent_command import split_agent_args
+
+            argv, agent_args = split_agent_args(argv)
         args = parser.parse_args(argv)
+        args.agent_args = agent_args
         if args.command is None:
             parser.print_help()
             return 2
@@ -193,6 +202,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from mlxcore.cli.launch_command import run_launch
 
             return run_launch(args)
+        if args.command == "agent":
+            from mlxcore.cli.agent_command import run_agent
+
+            return run_agent(args)
         if args.command == "parse":
             from mlxcore.cli.parse_command import run_parse
 
