@@ -127,7 +127,7 @@ def runtime(path: Path, pool: PrefixPool | None = None, **config: Any) -> Runtim
 def test_an_engine_with_default_flags_sizes_its_cache_from_memory(
     tiny_qwen3: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="mlxcore.engine.engine"):
+    with caplog.at_level(logging.INFO, logger="mlxcore.engine.prefix_pool"):
         rt = runtime(tiny_qwen3)
     try:
         figures = rt.engine.prefix_pool.figures()

@@ -1,4 +1,5 @@
-"""Engine-side state of an admitted request, and the guard around its logits processors.
+"""Engine-side state of an admitted request, the guard around its logits processors and
+its prefill's snapshot callback.
 
 Kept apart from :mod:`mlxcore.engine.loop` (which owns these records) so the loop reads
 as the request's path: admit, prefill, decode, finish.
@@ -6,6 +7,9 @@ as the request's path: admit, prefill, decode, finish.
 
 from __future__ import annotations
 
+import logging
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -13,6 +17,7 @@ import attrs
 from mlxcore.engine.events import EngineStep, RequestHandle, Usage
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.strategies import (
+    CacheStrategy,
     DecodeSequence,
     LogitsProcessor,
     PrefillGenerator,
@@ -21,6 +26,8 @@ from mlxcore.engine.strategies import (
     StepToken,
 )
 from mlxcore.errors import MlxcoreError, RequestFault
+
+log = logging.getLogger(__name__)
 
 
 class DecodeTally:
@@ -120,3 +127,23 @@ def guard(live: AdmittedRequest, proc: LogitsProcessor) -> LogitsProcessor:
         return logits
 
     return guarded
+
+
+def snapshot_callback(cache: CacheStrategy, task: PrefillTask) -> Callable[[int], None]:
+    """A prefill task's ``snapshot`` callback: offer ``cache`` the task's cache at a
+    checkpoint (the strategy copies what it keeps). It holds the task weakly: a task
+    holding its own callback would be a reference cycle, and its sequence's whole cache
+    would wait for Python's cycle collector after the request ended (measured: every
+    turn of a long session stayed in memory until a full collection)."""
+    ref = weakref.ref(task)
+
+    def snapshot(n: int) -> None:
+        held = ref()
+        if held is None:
+            return
+        try:
+            cache.store_checkpoint(held.request.cache_tokens[:n], held.cache)
+        except Exception:
+            log.exception("cache strategy %s failed to store a snapshot", cache.name)
+
+    return snapshot

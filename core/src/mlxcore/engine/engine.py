@@ -122,7 +122,7 @@ class Engine(Admission):
         self.prefix_pool = prefix_pool or PrefixPool()
         self.pool_seat = self.prefix_pool.join(self.memory, running, lambda: self._loop.cache)
         """This model's place in the prefix-cache pool (left at shutdown)."""
-        self._seat_cache(self._loop)
+        self.pool_seat.offer(self._loop.cache)
         vocab = int(getattr(model.args, "vocab_size", 0) or 0) if hasattr(model, "args") else 0
         self.limits = ModelLimits(
             vocab_size=max(vocab, len(info.vocab), 1),
@@ -186,20 +186,6 @@ class Engine(Admission):
             # ranks must plan identical steps; their clocks differ
             0.0 if self.config.distributed else self.config.prefill_time_share,
         )
-
-    def _seat_cache(self, loop: BatchLoop) -> None:
-        """Offer ``loop``'s cache strategy this engine's pool seat; say what it holds."""
-        self.pool_seat.taken = loop.cache.size_from_pool(self.pool_seat)
-        if self.pool_seat.taken:
-            figures = self.prefix_pool.figures()
-            log.info(
-                "prefix cache: auto, %s",
-                figures.describe() if figures is not None else "memory not known: 2 GiB",
-            )
-        else:
-            capacity = loop.cache.stats().capacity_bytes
-            if capacity:
-                log.info("prefix cache: %.2f GiB (--prefix-cache-size)", capacity / 2**30)
 
     @property
     def cache(self) -> CacheStrategy:
@@ -541,7 +527,7 @@ class Engine(Admission):
             with self._wake:
                 self.state, self.reason = "failed", f"restart failed: {type(exc).__name__}"
             return False
-        self._seat_cache(loop)
+        self.pool_seat.offer(loop.cache)
         with self._wake:
             if epoch != self._epoch:
                 return False

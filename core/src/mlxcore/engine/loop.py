@@ -24,11 +24,17 @@ from __future__ import annotations
 import collections
 import logging
 import time
-import weakref
 from collections.abc import Callable
 from typing import Any
 
-from mlxcore.engine.admitted import AdmittedRequest, DecodeTally, Parked, guard, unbuilt_sampler
+from mlxcore.engine.admitted import (
+    AdmittedRequest,
+    DecodeTally,
+    Parked,
+    guard,
+    snapshot_callback,
+    unbuilt_sampler,
+)
 from mlxcore.engine.cache_explain import EXPLAIN_OPTION, CacheExplanation
 from mlxcore.engine.events import (
     EngineStep,
@@ -190,7 +196,7 @@ class BatchLoop:
             live.task.extra_checkpoints.extend(
                 self.cache.snapshot_points(req, lookup.cached_tokens)
             )
-            live.task.snapshot = self._snapshotter(live.task)
+            live.task.snapshot = snapshot_callback(self.cache, live.task)
             live.prefill = self.prefill.prefill(live.task)
         except Exception as exc:
             self.fail(live, exc)
@@ -258,25 +264,6 @@ class BatchLoop:
             else:
                 self.start_prefill(follower)
         self.parked = waiting
-
-    def _snapshotter(self, task: PrefillTask) -> Any:
-        """The ``snapshot`` callback: offer the cache at a checkpoint (the strategy copies
-        what it keeps). It holds the task weakly: a task holding its own callback would be
-        a reference cycle, and its sequence's whole cache would wait for Python's cycle
-        collector after the request ended (measured: every turn of a long session stayed
-        in memory until a full collection)."""
-        ref = weakref.ref(task)
-
-        def snapshot(n: int) -> None:
-            held = ref()
-            if held is None:
-                return
-            try:
-                self.cache.store_checkpoint(held.request.cache_tokens[:n], held.cache)
-            except Exception:
-                log.exception("cache strategy %s failed to store a snapshot", self.cache.name)
-
-        return snapshot
 
     def _batchable(self, live: AdmittedRequest) -> bool:
         if live.prefill_begun or live.solo or live.handle.cancel_reason is not None:

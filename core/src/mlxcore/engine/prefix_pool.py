@@ -97,6 +97,19 @@ class PoolSeat:
         """The engine stops: its cache no longer counts."""
         self.pool.leave(self)
 
+    def offer(self, cache: Any) -> None:
+        """Offer this seat to ``cache`` (the engine's cache strategy, at start and after
+        a restart) and log what it holds: the pool's capacity, or its own size."""
+        self.taken = bool(cache.size_from_pool(self))
+        if self.taken:
+            figures = self.pool.figures()
+            described = figures.describe() if figures is not None else "memory not known: 2 GiB"
+            log.info("prefix cache: auto, %s", described)
+            return
+        capacity = cache.stats().capacity_bytes
+        if capacity:
+            log.info("prefix cache: %.2f GiB (--prefix-cache-size)", capacity / 2**30)
+
 
 class PrefixPool:
     """The process's prefix-cache budget (see the module docstring)."""
