@@ -35,6 +35,7 @@ FORBIDDEN: dict[str, tuple[str, ...]] = {
     "mlxcore.thinking": (*UP, *PLUGIN_SIDE, "mlxcore.request_builder", "mlxcore.engine"),
     "mlxcore.runtime": (*UP, "mlxcore.builtin", "mlxcore.request_builder"),
     "mlxcore.request_builder": (*UP, "mlxcore.builtin"),
+    "mlxcore.tool_grammar": (*UP, *PLUGIN_SIDE, "mlxcore.request_builder"),
     "mlxcore.hooks": (*UP, "mlxcore.builtin"),
     "mlxcore.media": (*UP, "mlxcore.builtin"),
     "mlxcore.builtin": ("mlxcore.cli", "mlxcore.bench"),

@@ -41,7 +41,9 @@ def live_qwen_server(qwen_server: Server) -> Iterator[Server]:
 @pytest.fixture(scope="session")
 def scripted_server(mlxcore_session_server: ServerFactory, tiny_qwen3: Path) -> Server:
     """``tiny_qwen3`` served as ``tiny`` (any other name accepted too) with the scripted
-    test plugin: a request's ``test_script`` is what the model writes."""
+    test plugin: a request's ``test_script`` is what the model writes. The tool-call
+    grammar is off: scripts write calls in formats other than the model's own (Qwen3-Coder
+    XML on a Hermes model) to test the parsers, and the grammar would hold them to JSON."""
     return mlxcore_session_server(
         tiny_qwen3,
         "--served-model-name",
@@ -49,4 +51,6 @@ def scripted_server(mlxcore_session_server: ServerFactory, tiny_qwen3: Path) -> 
         "--accept-any-model-name",
         "--plugin",
         "mlxcore.testing.scripted",
+        "--tool-call-grammar",
+        "off",
     )

@@ -191,6 +191,13 @@ class ServerConfig:
         help="accepted for vLLM's command lines; tool calls are always parsed when the model "
         "has a tool parser (--tool-call-parser), so it changes nothing",
     )  # fmt: skip
+    tool_call_grammar: str = setting(
+        "on", group=PARSERS, choices=("on", "off"),
+        help="constrain tool calls to the model's own call format with valid arguments: "
+        "under tool_choice auto from the call's opener to its closer, for required and "
+        "named choices from the first token (off: auto unconstrained, forced choices as "
+        "plain JSON)",
+    )  # fmt: skip
     refuse_unrenderable_tools: bool = setting(
         False, group=PARSERS, action="store_true",
         help="answer 400 to a request with tools when the model's chat template cannot show "

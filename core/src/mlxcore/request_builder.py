@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
@@ -40,12 +40,14 @@ from mlxcore.output import OutputPipeline
 from mlxcore.parsers.base import ToolParser
 from mlxcore.prompts import RenderedPrompt, render_chat
 from mlxcore.runtime import Runtime
+from mlxcore.tool_grammar import tool_call_constraint
 
 RESERVED_OPTIONS = (
     ADAPTER_OPTION,
     structured.OPTION,
     structured.START_AFTER_OPTION,
     structured.MAY_OPEN_OPTION,
+    structured.EXIT_OPTION,
     thinking.OPTION,
 )
 """Engine options the builder sets itself (a body field of these names is dropped)."""
@@ -103,6 +105,18 @@ class Constraint:
     tool_parser: Callable[[], ToolParser] | None = None
     field: str = "response_format"
     """The request field it came from (named by the error when it cannot be compiled)."""
+    tool_mode: Literal["required", "named"] | None = None
+    """``"required"`` or ``"named"`` for a forced tool choice (the model's own call
+    grammar may then replace ``value``, see :mod:`mlxcore.tool_grammar`)."""
+    tool_name: str | None = None
+    """The function of a named choice."""
+    parallel: bool = True
+    """A forced choice may make several calls."""
+    lazy: bool = False
+    """The constraint holds only inside tool calls (``tool_choice: auto``)."""
+    exit_marker: tuple[str, str] | None = None
+    """A tool-call opener that ends unclosed reasoning and starts the constrained part
+    (``"anywhere"`` or at a ``"line"`` start), for native forced tool choices."""
 
 
 @attrs.frozen
@@ -136,6 +150,8 @@ class RequestSpec:
     (``None``: ``--thinking-token-budget``, by default no limit)."""
     priority: int | None = None
     """Where the request queues (lower first; ``None``: the API key's default, else 0)."""
+    parallel_tool_calls: bool = True
+    """``tool_choice: auto`` may make several calls."""
 
 
 @attrs.frozen
@@ -320,6 +336,28 @@ def generation_budget(
     return value
 
 
+def with_tool_grammar(rt: Runtime, spec: RequestSpec) -> RequestSpec:
+    """``spec`` with its tool calls constrained in the model's own format where the
+    model's tool parser declares a grammar (:mod:`mlxcore.tool_grammar`)."""
+    if not spec.parse or not isinstance(spec.prompt, ChatPrompt):
+        return spec
+    planned = tool_call_constraint(
+        rt.parsers.tool,
+        rt.tokenizer,
+        spec.prompt.tools,
+        spec.constraint,
+        enabled=rt.config.tool_call_grammar == "on",
+        parallel=spec.parallel_tool_calls,
+        reasoning=rt.parsers.reasoning,
+    )
+    if planned is None:
+        return spec
+    constraint = Constraint(
+        planned.value, field=planned.field, lazy=planned.lazy, exit_marker=planned.exit_marker
+    )
+    return attrs.evolve(spec, constraint=constraint)
+
+
 def reasoning_gate(rt: Runtime, prompt: ChatPrompt | TextPrompt, text: str) -> dict[str, str]:
     """Options that let a constraint hold whether or not the model thinks first: free
     until the think block closes when the rendered prompt opened one; else constrained
@@ -395,6 +433,7 @@ def build_generations(rt: Runtime, spec: RequestSpec) -> list[Generation]:
     tokenizing take a while; the server runs it on its preparation pool)."""
     if isinstance(spec.prompt, ChatPrompt):
         spec = attrs.evolve(spec, prompt=with_server_defaults(rt, spec.prompt))
+        spec = with_tool_grammar(rt, spec)
     extras = {k: v for k, v in spec.extras.items() if k not in RESERVED_OPTIONS}
     plugin_options = validated_options(rt, extras)
     prompt = prepare_prompt(rt, spec.prompt, plugin_options)
@@ -414,19 +453,21 @@ def build_generations(rt: Runtime, spec: RequestSpec) -> list[Generation]:
     if spec.constraint is not None:
         options[structured.OPTION] = spec.constraint.value
         options.update(reasoning_gate(rt, spec.prompt, prompt.text))
+        if spec.constraint.exit_marker is not None:
+            options[structured.EXIT_OPTION] = spec.constraint.exit_marker
     options.update(
         thinking_options(
             rt,
             spec.prompt,
             prompt.text,
             spec.thinking_budget,
-            constrained=spec.constraint is not None,
+            constrained=spec.constraint is not None and not spec.constraint.lazy,
         )
     )
     gens = []
     for i in range(spec.n):
         sampling = spec.sampling
-        if spec.constraint is not None and sampling.ignore_eos:
+        if spec.constraint is not None and not spec.constraint.lazy and sampling.ignore_eos:
             # the constraint's end is the output's end (its matcher takes nothing after)
             sampling = attrs.evolve(sampling, ignore_eos=False)
         if i and sampling.seed is not None:  # each choice its own, reproducible, stream

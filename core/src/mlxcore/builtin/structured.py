@@ -8,7 +8,8 @@ permits. Requests without the option cost one dictionary look-up.
 Options read:
 
 * ``"constraint"``: a :data:`mlxcore.structured.Constraint` (``JsonObject()``,
-  ``JsonSchema(schema)``, ``Regex(pattern)``, ``LarkGrammar(text)``);
+  ``JsonSchema(schema)``, ``Regex(pattern)``, ``LarkGrammar(text)``, or a
+  ``LazyToolGrammar`` that holds only inside tool calls);
 * ``"constraint_start_after"``: optional text (e.g. ``"</think>"``) that must appear in
   the output before the constraint starts, so a reasoning model can think first;
 * ``"constraint_may_open"``: optional text (``"<think>"``): with it the constraint holds
@@ -25,6 +26,7 @@ from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.strategies import LogitsProcessor
 from mlxcore.model_info import ModelInfo
 from mlxcore.structured import (
+    EXIT_OPTION,
     MAY_OPEN_OPTION,
     OPTION,
     START_AFTER_OPTION,
@@ -32,11 +34,13 @@ from mlxcore.structured import (
     JsonObject,
     JsonSchema,
     LarkGrammar,
+    LazyToolGrammar,
     Regex,
     make_processor,
 )
+from mlxcore.structured.lazy_tools import make_lazy_processor
 
-_KINDS = (JsonObject, JsonSchema, Regex, LarkGrammar, Choice)
+_KINDS = (JsonObject, JsonSchema, Regex, LarkGrammar, Choice, LazyToolGrammar)
 
 
 @hookimpl(trylast=True)
@@ -54,12 +58,29 @@ def mlxcore_logits_processors(
         )
     if info.tokenizer is None:
         raise RuntimeError("constrained decoding needs the model's tokenizer (info.tokenizer)")
+    if isinstance(constraint, LazyToolGrammar):
+        after = request.options.get(START_AFTER_OPTION)
+        return [
+            make_lazy_processor(
+                info.tokenizer,
+                constraint,
+                prompt_len=len(request.prompt_tokens),
+                after=after if isinstance(after, str) else None,
+                may_open=request.options.get(MAY_OPEN_OPTION),
+            )
+        ]
     start_after = _start_ids(info.tokenizer, request.options.get(START_AFTER_OPTION))
     opener = _start_ids(info.tokenizer, request.options.get(MAY_OPEN_OPTION))
     if opener and len(opener) != 1:
         # only a one-token opener (a special token) can be offered beside the grammar; a
         # model whose tag is plain text cannot open a block: constrained from the start
         start_after, opener = [], []
+    exit_token, exit_anywhere = None, False
+    found = request.options.get(EXIT_OPTION)
+    if found is not None and start_after:
+        ids = _start_ids(info.tokenizer, found[0])
+        exit_token = ids[0] if len(ids) == 1 else None
+        exit_anywhere = found[1] == "anywhere"
     return [
         make_processor(
             info.tokenizer,
@@ -67,6 +88,8 @@ def mlxcore_logits_processors(
             prompt_len=len(request.prompt_tokens),
             start_after=start_after,
             may_open=opener[0] if opener else None,
+            exit_token=exit_token,
+            exit_anywhere=exit_anywhere,
         )
     ]
 

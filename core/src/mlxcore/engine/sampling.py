@@ -115,14 +115,22 @@ class MinTokens:
         return logits.at[..., self.banned].add(-mx.inf)
 
 
+LOGPROB_FLOOR = -9999.0
+"""The logprob reported for a token a constraint ruled out (``-inf`` is not JSON; OpenAI
+and vLLM report this value)."""
+
+
 def token_with_logprobs(token: int, logprobs: mx.array, top: int) -> StepToken:
-    """A :class:`StepToken` carrying the chosen token's logprob and the ``top`` best."""
-    chosen: float = logprobs[token].item()  # type: ignore[assignment]
+    """A :class:`StepToken` carrying the chosen token's logprob and the ``top`` best
+    (none below :data:`LOGPROB_FLOOR`)."""
+    value: float = logprobs[token].item()  # type: ignore[assignment]
+    chosen = max(value, LOGPROB_FLOOR)
     if top <= 0:
         return StepToken(token, chosen)
     best = mx.argpartition(-logprobs, kth=top - 1)[:top]
     ids: list[int] = best.tolist()  # type: ignore[assignment]
-    values: list[float] = logprobs[best].tolist()  # type: ignore[assignment]
+    found: list[float] = logprobs[best].tolist()  # type: ignore[assignment]
+    values = [max(v, LOGPROB_FLOOR) for v in found]
     pairs = sorted(zip(ids, values, strict=True), key=lambda p: -p[1])
     return StepToken(token, chosen, tuple(pairs))
 

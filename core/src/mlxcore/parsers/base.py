@@ -17,11 +17,14 @@ from __future__ import annotations
 import abc
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
 from mlxcore.model_info import ModelInfo
+
+if TYPE_CHECKING:
+    from mlxcore.structured.call_grammar import CallFormat, Function, GrammarKit
 
 
 def new_tool_call_id() -> str:
@@ -124,6 +127,22 @@ class ToolParser(_Parser):
 
     def __init__(self, tools: Sequence[Mapping[str, Any]] | None = None) -> None:
         self.tools = list(tools or [])
+
+    @classmethod
+    def call_grammar(cls, functions: Sequence[Function], kit: GrammarKit) -> CallFormat | None:
+        """The grammar of this format's calls, so that they can be constrained (decision
+        0023): the text that opens a call and a rule, written with ``kit``, for what
+        follows it up to and including the closer, allowing a call of any of
+        ``functions`` with arguments valid for its schema.
+
+        Under ``tool_choice: auto`` the output is free until the opener, constrained
+        to this rule after it, and free again after the closer; ``required`` and named
+        choices start with the opener. Raise
+        :class:`~mlxcore.structured.call_grammar.GrammarUnsupported` for a schema the
+        format cannot express (the request then runs unconstrained). The default,
+        ``None``, declares no grammar.
+        """
+        return None
 
     def tool_names(self) -> set[str]:
         """The function names the request declared."""

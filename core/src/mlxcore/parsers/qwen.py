@@ -13,6 +13,9 @@ the generic degraded forms of :mod:`mlxcore.parsers.degraded`. A stray
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 from mlxcore.model_info import ModelInfo
 from mlxcore.parsers.base import ToolCall
 from mlxcore.parsers.blocks import Block, DropBlock, JsonTagBlock, NamedBlock
@@ -23,8 +26,13 @@ from mlxcore.parsers.qwen_xml import FUNCTION, FUNCTION_END, decode_xml_function
 from mlxcore.parsers.schema_types import coerce_arguments, parameters_of
 from mlxcore.parsers.tool_stream import StreamingToolParser
 
+if TYPE_CHECKING:
+    from mlxcore.structured.call_grammar import CallFormat, Function, GrammarKit
+
 TOOL_CALL = "<tool_call>"
 TOOL_CALL_END = "</tool_call>"
+XML_MARKUP = (TOOL_CALL, TOOL_CALL_END, FUNCTION, FUNCTION_END, "<parameter=", "</parameter>")
+"""Text an XML argument value may not hold (the parser would take it for markup)."""
 
 
 class ToolCallTagParser(StreamingToolParser):
@@ -89,6 +97,27 @@ class HermesToolParser(ToolCallTagParser):
             return False
         return '"name"' in template or '\\"name\\"' in template
 
+    @classmethod
+    def call_grammar(cls, functions: Sequence[Function], kit: GrammarKit) -> CallFormat:
+        """``<tool_call>``, a newline, ``{"name": N, "arguments": {...}}`` as the template's
+        ``tojson`` writes it, a newline, ``</tool_call>``."""
+        from mlxcore.structured.call_grammar import CallFormat, definitions
+
+        objects = []
+        for fn in functions:
+            params = {k: v for k, v in fn.parameters.items() if k not in ("$defs", "definitions")}
+            shape = {
+                "type": "object",
+                "properties": {
+                    "name": {"const": fn.name},
+                    "arguments": params or {"type": "object"},
+                },
+                "required": ["name", "arguments"],
+            }
+            objects.append(kit.json_value(shape, definitions(fn.parameters)))
+        body = f'"\\n" {kit.choice(objects)} "\\n" {kit.markup(TOOL_CALL_END)}'
+        return CallFormat(TOOL_CALL, kit.rule(body, "call"))
+
 
 class Qwen3CoderToolParser(ToolCallTagParser):
     """Qwen3-Coder XML calls, values typed from the request's JSON schema::
@@ -111,3 +140,24 @@ class Qwen3CoderToolParser(ToolCallTagParser):
     def matches(cls, info: ModelInfo) -> bool:
         """The template writes ``<tool_call>``, ``<function=`` and ``<parameter=``."""
         return info.template_mentions(TOOL_CALL, FUNCTION, "<parameter=")
+
+    @classmethod
+    def call_grammar(cls, functions: Sequence[Function], kit: GrammarKit) -> CallFormat:
+        """``<tool_call>`` and one ``<function=NAME>`` with a ``<parameter=KEY>`` per
+        argument (in the schema's order, the required ones always), each value on its
+        own lines, then ``</function>`` and ``</tool_call>``."""
+        from mlxcore.structured.call_grammar import CallFormat
+
+        alternatives = [
+            kit.tagged_call(
+                fn,
+                f"<function={fn.name}>\n",
+                "</function>\n",
+                lambda key: f"<parameter={key}>\n",
+                "\n</parameter>\n",
+                XML_MARKUP,
+            )
+            for fn in functions
+        ]
+        body = f'"\\n" {kit.choice(alternatives)} {kit.markup(TOOL_CALL_END)}'
+        return CallFormat(TOOL_CALL, kit.rule(body, "call"))

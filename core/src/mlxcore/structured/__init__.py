@@ -26,6 +26,7 @@ from mlxcore.structured.constraints import (
     JsonObject,
     JsonSchema,
     LarkGrammar,
+    LazyToolGrammar,
     Regex,
     from_response_format,
     grammar_text,
@@ -57,6 +58,12 @@ MAY_OPEN_OPTION = "constraint_may_open"
 the output may begin with instead of constrained text, opening a free block that ends
 with the start-after text. Without it the constraint waits for the start-after text."""
 
+EXIT_OPTION = "constraint_exit"
+"""Optional ``options`` key, with :data:`START_AFTER_OPTION`: ``(text, where)``, a
+one-token tool-call opener that starts the constrained part inside the free one where
+the reasoning parser ends unclosed reasoning at it (``where``: ``"anywhere"`` or
+``"line"``, at the start of a line)."""
+
 CONSTRAINT_CODE = "invalid_constraint"
 """The error code of a constraint the request asks for and the server cannot hold: a
 ``tool_choice`` the ``tools`` do not meet, a ``response_format`` schema outside what the
@@ -64,6 +71,7 @@ structured-output compiler takes (no JSON Schema of the request body can state t
 
 __all__ = [
     "CONSTRAINT_CODE",
+    "EXIT_OPTION",
     "MAY_OPEN_OPTION",
     "OPTION",
     "START_AFTER_OPTION",
@@ -78,6 +86,7 @@ __all__ = [
     "JsonObject",
     "JsonSchema",
     "LarkGrammar",
+    "LazyToolGrammar",
     "Regex",
     "apply_bitmask",
     "compiled_tokenizer",

@@ -110,7 +110,30 @@ class Choice:
         return "choice constraint"
 
 
-Constraint: TypeAlias = JsonObject | JsonSchema | Regex | LarkGrammar | Choice
+@attrs.frozen
+class LazyToolGrammar:
+    """A constraint that holds only inside tool calls (``tool_choice: auto``).
+
+    Attributes:
+        opener: the text that starts a call.
+        grammar: llguidance Lark whose ``start`` is what follows the opener.
+        parallel: more than one call allowed.
+        in_reasoning: whether an opener inside unclosed reasoning starts a call (the
+            reasoning parser then ends the reasoning there): ``"anywhere"``, ``"line"``
+            (at the start of a line), or ``None`` (never: calls follow the reasoning).
+    """
+
+    opener: str
+    grammar: str
+    parallel: bool = True
+    in_reasoning: str | None = None
+
+    def describe(self) -> str:
+        """A short name for error messages."""
+        return "tool-call grammar"
+
+
+Constraint: TypeAlias = JsonObject | JsonSchema | Regex | LarkGrammar | Choice | LazyToolGrammar
 """Every kind of constraint a request can carry."""
 
 
@@ -132,6 +155,8 @@ def grammar_text(constraint: Constraint) -> str:
         return _lark_grammar(constraint.grammar)
     if isinstance(constraint, Choice):
         return _choice_grammar(constraint.options)
+    if isinstance(constraint, LazyToolGrammar):
+        return _lark_grammar(constraint.grammar)
     raise ConstraintError(f"unknown constraint type {type(constraint).__name__}")
 
 

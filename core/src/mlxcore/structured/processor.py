@@ -82,6 +82,11 @@ class ConstrainedProcessor:
         may_open: a token that may instead open a free block at the first output
             position (the id of ``<think>``): constrained from the first token, unless
             the model opens its reasoning there; then free until ``start_after``.
+        exit_token: a token that, inside the free part, starts the constrained part
+            itself (a tool-call opener that ends unclosed reasoning): the grammar
+            begins with it.
+        exit_anywhere: the exit token counts anywhere, not only at the start of a line
+            (or of the reasoning).
     """
 
     __name__ = "structured output"
@@ -95,8 +100,12 @@ class ConstrainedProcessor:
         prompt_len: int | None = None,
         start_after: Sequence[int] = (),
         may_open: int | None = None,
+        exit_token: int | None = None,
+        exit_anywhere: bool = False,
     ) -> None:
         self.matcher = matcher
+        self.exit_token = exit_token if start_after else None
+        self.exit_anywhere = exit_anywhere
         self.compiled = compiled
         self.what = what
         self.start_after = list(start_after)
@@ -132,37 +141,53 @@ class ConstrainedProcessor:
         if self._seen is None:
             self._seen = length
         else:
-            shared = self._shared(tokens, length)
-            if shared < self._seen:
-                self._rewind(self._seen - shared)
-                self._seen = shared
-            if length > self._seen:
-                self._advance(_token_list(tokens[self._seen :]))
-                self._seen = length
+            self._sync(tokens, length)
         if not self.active:
             return logits
         return apply_bitmask(logits, self._current_mask(logits.shape[-1]))
 
-    def _shared(self, tokens: Any, length: int) -> int:
-        """How many leading tokens of ``tokens`` are those the matcher has seen. Only the
-        last :data:`RECHECK` tokens are compared unless the difference starts before them."""
+    def _sync(self, tokens: Any, length: int) -> None:
+        """Roll back to what ``tokens`` shares with the context seen, then feed the rest.
+
+        The last :data:`RECHECK` output tokens and the new ones are read in one go (one
+        wait for the newest token); earlier ones only when the difference starts before.
+        """
         assert self._seen is not None
         prompt = self._seen - len(self.generated)
         overlap = min(len(self.generated), length - prompt)
+        start = prompt + max(0, overlap - RECHECK)
+        window = _token_list(tokens[start:length]) if length > start else []
         if overlap <= 0:
-            return min(length, self._seen)
-        start = max(0, overlap - RECHECK)
-        while True:
-            now = _token_list(tokens[prompt + start : prompt + overlap])
-            before = self.generated[start:overlap]
-            first = next(
-                (i for i, (a, b) in enumerate(zip(now, before, strict=True)) if a != b), None
-            )
-            if first is None:
-                return prompt + overlap
-            if first > 0 or start == 0:
-                return prompt + start + first
-            start = 0  # the difference may start earlier: compare everything
+            shared = min(length, self._seen)
+        else:
+            shared = self._shared(tokens, window, start, prompt + overlap)
+        if shared < self._seen:
+            self._rewind(self._seen - shared)
+            self._seen = shared
+        if length > self._seen:
+            if self._seen >= start:
+                self._advance(window[self._seen - start :])
+            else:
+                self._advance(_token_list(tokens[self._seen :]))
+            self._seen = length
+
+    def _shared(self, tokens: Any, window: list[int], start: int, end: int) -> int:
+        """How many leading tokens of ``tokens`` are those the matcher has seen (up to
+        ``end``), from ``window`` (``tokens[start:]``) unless the difference starts before."""
+        prompt = self._seen - len(self.generated) if self._seen is not None else 0
+        now = window[: end - start]
+        before = self.generated[start - prompt : end - prompt]
+        first = next((i for i, (a, b) in enumerate(zip(now, before, strict=True)) if a != b), None)
+        if first is None:
+            return end
+        if first > 0 or start == prompt:
+            return start + first
+        everything = _token_list(tokens[prompt:end])  # the difference may start earlier
+        first = next(
+            (i for i, (a, b) in enumerate(zip(everything, self.generated, strict=False)) if a != b),
+            len(everything),
+        )
+        return prompt + first
 
     def _advance(self, new: list[int]) -> None:
         for token in new:
@@ -173,10 +198,13 @@ class ConstrainedProcessor:
                 continue
             self.generated.append(token)
             if self.active_from is None:
-                tail = self.generated[-len(self.start_after) :]
-                if tail == self.start_after:
-                    self.active_from = len(self.generated)
-                continue
+                if token == self.exit_token and self._line_start():
+                    self.active_from = len(self.generated) - 1  # the call ends the reasoning
+                else:
+                    tail = self.generated[-len(self.start_after) :]
+                    if tail == self.start_after:
+                        self.active_from = len(self.generated)
+                    continue
             if not self.matcher.consume_token(token):
                 raise ConstraintViolation(
                     f"token {token} ({self.compiled.decode(token)!r}) at output position "
@@ -184,6 +212,20 @@ class ConstrainedProcessor:
                     f"{self._error()}"
                 )
             self._mask = None
+
+    def _line_start(self) -> bool:
+        """The last generated token (the exit token) starts a line of the free part."""
+        if self.exit_anywhere:
+            return True
+        before = self.generated[:-1]
+        if before and before[0] == self.may_open:
+            before = before[1:]
+        if not before:
+            return True
+        text = self.compiled.ll.decode_bytes(before[-1:])
+        if text.endswith(b"\n"):
+            return True
+        return len(before) <= 64 and not self.compiled.ll.decode_bytes(before).strip()
 
     def _rewind(self, count: int) -> None:
         count = min(count, len(self.generated))
@@ -279,6 +321,8 @@ def make_processor(
     prompt_len: int | None = None,
     start_after: Sequence[int] = (),
     may_open: int | None = None,
+    exit_token: int | None = None,
+    exit_anywhere: bool = False,
 ) -> ConstrainedProcessor:
     """A fresh processor enforcing ``constraint`` for one request.
 
@@ -290,6 +334,8 @@ def make_processor(
         prompt_len: the prompt length (see :class:`ConstrainedProcessor`).
         start_after: token ids after which the constraint starts (see there).
         may_open: a token that may open a free block first (see there).
+        exit_token: a token that starts the constrained part inside the free one.
+        exit_anywhere: see :class:`ConstrainedProcessor`.
     """
     compiled = compiled_tokenizer(tokenizer)
     return ConstrainedProcessor(
@@ -299,4 +345,6 @@ def make_processor(
         prompt_len=prompt_len,
         start_after=start_after,
         may_open=may_open,
+        exit_token=exit_token,
+        exit_anywhere=exit_anywhere,
     )

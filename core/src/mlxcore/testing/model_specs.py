@@ -310,6 +310,65 @@ def _gemma4_text_config(fields: dict[str, Any], ids: TokenIds) -> dict[str, Any]
     return config
 
 
+# --------------------------------------------------------------------------- minimax
+
+MINIMAX_SPECIAL_TOKENS: tuple[str, ...] = (
+    "]~!b[",
+    "]~b]",
+    "[e~[",
+    "<minimax:tool_call>",
+    "</minimax:tool_call>",
+)
+"""The MiniMax-M2 template's markers, added tokens in its own vocabulary."""
+
+MINIMAX_TOKENIZER = TokenizerFamily(
+    name="minimax",
+    asset_dir="qwen3-tokenizer",
+    added_special_tokens=MINIMAX_SPECIAL_TOKENS,
+    eos_tokens=("[e~[",),
+    bos_token="]~!b[",
+    pad_token="<|endoftext|>",
+    config_updates={"eos_token": "[e~[", "bos_token": "]~!b["},
+)
+"""The Qwen3 vocabulary with MiniMax-M2's markers (MiniMax's own is not in the assets)."""
+
+_MINIMAX_SIZES: Mapping[str, Mapping[str, Any]] = MappingProxyType(
+    {
+        "tiny": MappingProxyType(
+            {
+                "hidden_size": 64,
+                "intermediate_size": 64,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "head_dim": 16,
+                "rotary_dim": 16,
+                "num_local_experts": 4,
+                "num_experts_per_tok": 2,
+            }
+        ),
+    }
+)
+
+
+def _minimax_config(fields: dict[str, Any], ids: TokenIds) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "architectures": ["MiniMaxM2ForCausalLM"],
+        "model_type": "minimax",
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 5000000.0,
+        "max_position_embeddings": 196608,
+        "shared_intermediate_size": 0,
+        "scoring_func": "sigmoid",
+        "use_qk_norm": True,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+    }
+    config.update(ids.config_fields())
+    config.update(fields)
+    return config
+
+
 # --------------------------------------------------------------------------- registry
 
 register_model_spec(
@@ -362,5 +421,15 @@ register_model_spec(
         sizes=_GEMMA4_SIZES,
         make_config=_gemma4_text_config,
         description="Gemma 4 text, Gemma 3 vocab + Gemma 4 special tokens, Gemma 4 template",
+    )
+)
+register_model_spec(
+    ModelSpec(
+        arch="minimax",
+        tokenizer=MINIMAX_TOKENIZER,
+        chat_template="MiniMax-M2.jinja",
+        sizes=_MINIMAX_SIZES,
+        make_config=_minimax_config,
+        description="MiniMax-M2 MoE, Qwen3 vocab + MiniMax markers, MiniMax-M2 template",
     )
 )

@@ -7,7 +7,8 @@ Registered through the ``pytest11`` entry point, so any project that installs ml
     session-scoped; :func:`mlxcore.testing.build_test_model` bound to the shared cache
     (``$MLXCORE_TEST_MODELS`` or ``$MLXCORE_HOME/test-models``), so models built in one
     run are reused by the next. Call it as ``factory("qwen3", seed=1, num_hidden_layers=3)``.
-``tiny_llama``, ``tiny_qwen3``, ``tiny_qwen3_5``, ``tiny_qwen3_5_moe``, ``tiny_gemma4``
+``tiny_llama``, ``tiny_qwen3``, ``tiny_qwen3_5``, ``tiny_qwen3_5_moe``, ``tiny_gemma4``,
+``tiny_minimax``
     session-scoped paths of the default tiny model of each family.
 ``mlxcore_server``
     module-scoped factory ``(model, *flags) -> Server`` starting real ``mlxcore serve``
@@ -95,6 +96,13 @@ def tiny_qwen3_5_moe(mlxcore_model_factory: ModelFactory) -> Path:
 def tiny_gemma4(mlxcore_model_factory: ModelFactory) -> Path:
     """Tiny Gemma 4 text model with the Gemma 4 special tokens and template."""
     return mlxcore_model_factory("gemma4_text")
+
+
+@pytest.fixture(scope="session")
+def tiny_minimax(mlxcore_model_factory: ModelFactory) -> Path:
+    """Tiny MiniMax-M2 MoE model: the Qwen3 vocabulary with MiniMax's markers as special
+    tokens, and the MiniMax-M2 template."""
+    return mlxcore_model_factory("minimax")
 
 
 @pytest.fixture(scope="module")

@@ -78,6 +78,9 @@ def request_spec(
         stops_field="stop_sequences",
         extras=extras,
         constraint=_forced_tool_choice(body, prompt.tools),
+        parallel_tool_calls=not (
+            body.tool_choice is not None and body.tool_choice.disable_parallel_tool_use
+        ),
         thinking_budget=body.thinking.budget_tokens
         if body.thinking is not None and body.thinking.type == "enabled"
         else None,
@@ -113,7 +116,13 @@ def _forced_tool_choice(
     if forced is None:
         return None
     value, parser = forced
-    return Constraint(value, lambda: parser)
+    return Constraint(
+        value,
+        lambda: parser,
+        tool_mode="named" if choice.type == "tool" else "required",
+        tool_name=choice.name if choice.type == "tool" else None,
+        parallel=choice.type != "tool" and not choice.disable_parallel_tool_use,
+    )
 
 
 @post(

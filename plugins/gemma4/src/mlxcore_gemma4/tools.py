@@ -20,7 +20,7 @@ line).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from mlxcore.model_info import ModelInfo
@@ -29,6 +29,8 @@ from mlxcore.parsers.blocks import PENDING, REJECT, Block, DropBlock, TagBlock, 
 from mlxcore.parsers.degraded import DEGRADED_MARKERS, degraded_block
 from mlxcore.parsers.streaming import BracketScanner
 from mlxcore.parsers.tool_stream import StreamingToolParser
+from mlxcore.structured.call_grammar import CallFormat, Function, GrammarKit, GrammarUnsupported
+from mlxcore_gemma4.grammar import GemmaValues
 from mlxcore_gemma4.values import CALL, QUOTE, GemmaSyntaxError, parse_call, parse_calls
 
 TOOL_CALL = "<|tool_call>"
@@ -72,6 +74,20 @@ class Gemma4ToolParser(StreamingToolParser):
         if info.template_mentions(TOOL_CALL, QUOTE):
             return True
         return info.has_token(TOOL_CALL) and info.has_token(QUOTE)
+
+    @classmethod
+    def call_grammar(cls, functions: Sequence[Function], kit: GrammarKit) -> CallFormat:
+        """``<|tool_call>call:NAME{...}<tool_call|>``, the arguments in Gemma 4's syntax
+        (:mod:`mlxcore_gemma4.grammar`); parallel calls are blocks in a row."""
+        forbidden = (QUOTE, TOOL_CALL, TOOL_CALL_END, *CONTROL_TOKENS)
+        alternatives = []
+        for fn in functions:
+            if not fn.name or "{" in fn.name or any(c.isspace() for c in fn.name):
+                raise GrammarUnsupported(f"the name {fn.name!r} cannot follow 'call:'")
+            arguments = GemmaValues(kit, QUOTE, forbidden).arguments(fn.parameters)
+            alternatives.append(kit.rule(f"{kit.literal(CALL + fn.name)} {arguments}", "fn"))
+        body = f"{kit.choice(alternatives)} {kit.markup(TOOL_CALL_END)}"
+        return CallFormat(TOOL_CALL, kit.rule(body, "call"))
 
     def open_block(self, marker: str) -> Block | None:
         """A block per native call, control marker and degraded form."""

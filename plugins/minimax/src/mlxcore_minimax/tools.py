@@ -18,6 +18,8 @@ boolean, null, array, object, unions; a string by default). A stray
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from mlxcore.model_info import ModelInfo
 from mlxcore.parsers.base import ToolCall
 from mlxcore.parsers.blocks import Block, DropBlock, NamedBlock, TagBlock
@@ -27,6 +29,7 @@ from mlxcore.parsers.hermes import decode_json_calls
 from mlxcore.parsers.qwen_xml import FUNCTION, decode_xml_functions
 from mlxcore.parsers.schema_types import coerce_arguments, parameters_of
 from mlxcore.parsers.tool_stream import StreamingToolParser
+from mlxcore.structured.call_grammar import CallFormat, Function, GrammarKit
 from mlxcore_minimax.invoke import INVOKE, INVOKE_END, MARKUP, decode_invokes
 
 TOOL_CALL = "<minimax:tool_call>"
@@ -34,6 +37,8 @@ TOOL_CALL_END = "</minimax:tool_call>"
 QWEN_TOOL_CALL = "<tool_call>"
 QWEN_TOOL_CALL_END = "</tool_call>"
 INVOKE_OPENER = INVOKE + " name="
+VALUE_MARKUP = (TOOL_CALL, TOOL_CALL_END, INVOKE, INVOKE_END, "<parameter", "</parameter>")
+"""Text an argument value may not hold (the parser would take it for markup)."""
 
 
 class MiniMaxM2ToolParser(StreamingToolParser):
@@ -50,6 +55,27 @@ class MiniMaxM2ToolParser(StreamingToolParser):
     def matches(cls, info: ModelInfo) -> bool:
         """The MiniMax-M2 template or tool-call token."""
         return info.template_mentions(TOOL_CALL) or info.has_token(TOOL_CALL)
+
+    @classmethod
+    def call_grammar(cls, functions: Sequence[Function], kit: GrammarKit) -> CallFormat:
+        """``<minimax:tool_call>``, then one ``<invoke name="N">`` (several with parallel
+        calls) with a ``<parameter name="K">VALUE</parameter>`` line per argument (in the
+        schema's order, the required ones always), then ``</minimax:tool_call>``."""
+        alternatives = [
+            kit.tagged_call(
+                fn,
+                f'<invoke name="{fn.name}">\n',
+                "</invoke>\n",
+                lambda key: f'<parameter name="{key}">',
+                "</parameter>\n",
+                VALUE_MARKUP,
+                bad_chars='">',
+            )
+            for fn in functions
+        ]
+        invokes = kit.choice(alternatives) + ("+" if kit.parallel else "")
+        body = f'"\\n" {invokes} {kit.markup(TOOL_CALL_END)}'
+        return CallFormat(TOOL_CALL, kit.rule(body, "call"))
 
     def open_block(self, marker: str) -> Block | None:
         """A block per native call, stray closer and degraded form."""

@@ -309,9 +309,19 @@ def constraint(body: ChatCompletionRequest) -> Constraint | None:
         return output_constraint(body)
     value = forced[0]
     tools, choice = list(body.tools or []), body.tool_choice
+    parallel = body.parallel_tool_calls is not False
     if isinstance(choice, Mapping):
         name = choice["function"]["name"]
         return Constraint(
-            value, lambda: structured.ConstrainedToolCallParser(tools, mode="named", name=name)
+            value,
+            lambda: structured.ConstrainedToolCallParser(tools, mode="named", name=name),
+            tool_mode="named",
+            tool_name=name,
+            parallel=False,
         )
-    return Constraint(value, lambda: structured.ConstrainedToolCallParser(tools, mode="required"))
+    return Constraint(
+        value,
+        lambda: structured.ConstrainedToolCallParser(tools, mode="required"),
+        tool_mode="required",
+        parallel=parallel,
+    )
