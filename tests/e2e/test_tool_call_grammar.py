@@ -61,10 +61,9 @@ def _ask(server: Server, opener: str, **kwargs: Any) -> Any:
         model="m",
         messages=MESSAGES,  # type: ignore[arg-type]
         tools=TOOLS,  # type: ignore[arg-type]
-        temperature=1.0,
         logit_bias=_bias(server, opener),  # type: ignore[arg-type]
         extra_body=NO_THINKING,
-        **{"max_tokens": 160, **kwargs},
+        **{"max_tokens": 160, "temperature": 1.0, **kwargs},
     )
 
 
@@ -243,3 +242,21 @@ def test_top_logprobs_inside_a_call_are_finite(servers: dict[str, Server]) -> No
     ]
     assert tops and all(isinstance(v, float) for v in tops)
     assert -9999.0 in tops
+
+
+def test_speculative_decoding_keeps_the_calls(
+    servers: dict[str, Server], mlxcore_server: ServerFactory, tiny_qwen3_5: Path
+) -> None:
+    """Qwen3.5 with its MTP head drafting: drafts the grammar rules out are rolled back,
+    so a greedy call is the plain decoder's, and sampled calls all validate."""
+    mtp = mlxcore_server(tiny_qwen3_5, "--served-model-name", "m", "--plugin", "qwen35-mtp")
+    family = FAMILIES["qwen3_coder"]
+    greedy = {"seed": 0, "tool_choice": NAMED, "temperature": 0.0}
+    plain = _calls(_ask(servers["qwen3_coder"], family.opener, **greedy).choices[0].message)
+    drafted = _calls(_ask(mtp, family.opener, **greedy).choices[0].message)
+    assert plain and [(n, json.loads(a)) for n, a in drafted] == [
+        (n, json.loads(a)) for n, a in plain
+    ]
+    for seed in range(2):
+        checked = check_calls(_calls(_ask(mtp, family.opener, seed=seed).choices[0].message))
+        assert checked.whole >= 1 and not checked.invalid, checked.invalid
