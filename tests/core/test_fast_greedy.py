@@ -3,6 +3,7 @@ normalised pick for rows where rounding could make a difference."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from mlxcore.defaults.decoder import PlainDecoder
 from mlxcore.engine.request import GenerationRequest, SamplingParams
 from mlxcore.engine.row_sampling import NEAR_TIE, exact_greedy, near_ties
 from mlxcore.engine.sampling import greedy
-from mlxcore.engine.strategies import DecodeSequence
+from mlxcore.engine.strategies import DecodeSequence, is_stateless, stateless
 
 
 def settled(logits: mx.array) -> list[int]:
@@ -80,9 +81,14 @@ class RoundingTies:
         return mx.where((inputs % 3 == 0)[..., None], row, logits)
 
 
-def decode_with_ties(model_path: Path, steps: int = 40) -> dict[str, int]:
+def decode_with_ties(
+    model_path: Path,
+    steps: int = 40,
+    processors: Callable[[], list[Any]] = list,
+) -> dict[str, int]:
     """Three rows of greedy decoding on ``model_path`` with rounding ties, checked against
-    mlx-lm's ``stream_generate`` token for token; returns the decoder's stats."""
+    mlx-lm's ``stream_generate`` token for token (each row and each mlx-lm run with its own
+    ``processors()``); returns the decoder's stats."""
     from mlx_lm import load, stream_generate
     from mlx_lm.models.cache import make_prompt_cache
 
@@ -100,13 +106,15 @@ def decode_with_ties(model_path: Path, steps: int = 40) -> dict[str, int]:
         first = exact_greedy(tying(mx.array(prompt)[None], cache=cache)[:, -1, :]).item()
         firsts.append(first)
         request = GenerationRequest(tuple(prompt), steps, sampling=SamplingParams())
-        decoder.add(DecodeSequence(uid, request, cache, [*prompt, first], first, greedy))
+        seq = DecodeSequence(uid, request, cache, [*prompt, first], first, greedy, processors())
+        decoder.add(seq)
     got: dict[int, list[int]] = {uid: [first] for uid, first in enumerate(firsts)}
     for _ in range(steps):
         for uid, tokens in decoder.step().items():
             got[uid] += [t.token for t in tokens]
     for uid, prompt in enumerate(prompts):
-        expected = [r.token for r in stream_generate(tying, tokenizer, prompt, steps)]
+        runs = stream_generate(tying, tokenizer, prompt, steps, logits_processors=processors())
+        expected = [r.token for r in runs]
         assert got[uid][:steps] == expected
     return decoder.stats()
 
@@ -126,3 +134,52 @@ def test_recurrent_layers_settle_each_step_before_the_next(tiny_qwen3_5: Path) -
     the last step's check instead of launching early, and the tokens stay mlx-lm's."""
     stats = decode_with_ties(tiny_qwen3_5)
     assert stats["greedy_exact_fallbacks"] > 0 and stats["greedy_relaunched_steps"] == 0, stats
+
+
+def test_stateless_processors_keep_the_step_launched_before_the_check(tiny_qwen3: Path) -> None:
+    """mlx-lm's penalties are functions of their arguments alone (marked stateless): rows
+    with them still launch before the check, are launched again on a tie, and their tokens
+    stay mlx-lm's with the same processors."""
+    from mlx_lm.sample_utils import make_logits_processors
+
+    def penalties() -> list[Any]:
+        made = make_logits_processors(repetition_penalty=1.3, frequency_penalty=0.5)
+        return [stateless(p) for p in made]
+
+    assert all(is_stateless(p) for p in penalties())
+    stats = decode_with_ties(tiny_qwen3, processors=penalties)
+    assert stats["greedy_exact_fallbacks"] > 0 and stats["greedy_relaunched_steps"] > 0, stats
+
+
+class Recorder:
+    """A stateful processor: records each context it is shown (length, last token)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, int]] = []
+
+    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
+        self.seen.append((len(tokens), int(tokens[-1].item())))
+        return logits
+
+
+def test_a_stateful_processor_sees_only_checked_tokens(tiny_qwen3: Path) -> None:
+    """A processor that keeps state must never see a token a near tie's check replaces:
+    its rows build the forward pass first and call it after the check (nothing is
+    launched twice), every context it sees is one position longer than the last, and the
+    tokens stay mlx-lm's."""
+    recorders: list[Recorder] = []
+
+    def recording() -> list[Any]:
+        recorders.append(Recorder())
+        return [recorders[-1]]
+
+    stats = decode_with_ties(tiny_qwen3, processors=recording)
+    assert stats["greedy_exact_fallbacks"] > 0 and stats["greedy_relaunched_steps"] == 0, stats
+    ours = recorders[:3]  # the decoder's rows; mlx-lm's runs made the rest
+    for recorder in ours:
+        lengths = [n for n, _ in recorder.seen]
+        assert lengths == list(range(lengths[0], lengths[0] + len(lengths))), lengths
+    # the contexts the decoder showed are mlx-lm's (same tokens at every position)
+    for mine, theirs in zip(ours, recorders[3:], strict=True):
+        shared = {n: t for n, t in theirs.seen}
+        assert all(shared.get(n, t) == t for n, t in mine.seen)

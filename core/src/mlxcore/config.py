@@ -53,8 +53,9 @@ class ServerConfig:
     )  # fmt: skip
     # -- engine ------------------------------------------------------------
     max_num_seqs: int = setting(
-        32, group=ENGINE, type=positive_int,
-        help="most sequences decoded together",
+        128, group=ENGINE, type=positive_int,
+        help="most sequences decoded together (each also needs its cache to fit the memory "
+        "budget before it starts)",
     )  # fmt: skip
     max_queue_size: int = setting(
         256, group=ENGINE, type=positive_int,

@@ -50,7 +50,8 @@ def rt(sampling_model: Path):
         "mtp_auto_off": False,
         "speculative_disable_by_batch_size": 64,
     }
-    cfg = ServerConfig(model=str(sampling_model), plugin_options=options)
+    # batches of 32 stay under the speculation's batch limit (64) with 96 requests queued
+    cfg = ServerConfig(model=str(sampling_model), plugin_options=options, max_num_seqs=32)
     hooks.configure(cfg)
     runtime = build_runtime(cfg, hooks)
     yield runtime

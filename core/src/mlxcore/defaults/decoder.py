@@ -25,7 +25,8 @@ So the next step is launched on the raw argmax first, then the flags (computed w
 step) are read; where a flagged row's exact pick is another token, the batch cache takes
 the step's token back (``trim``) and the step is launched again (counted in
 ``greedy_relaunched_steps``). Layers that cannot take a token back (recurrent state) and
-rows with logits processors (which may keep state) check before launching, as before. On
+rows with a logits processor that keeps state (a grammar; mlx-lm's penalties are marked
+:func:`~mlxcore.engine.strategies.stateless`) check before launching, as before. On
 a GPU (``settle_free``, see :mod:`mlxcore.engine.row_sampling`) steps take mlx-lm's exact
 pick and draw lazily instead: the next step's graph is then built while the GPU computes.
 
@@ -56,7 +57,12 @@ from mlxcore.engine.row_sampling import (
     settle,
     settle_free_default,
 )
-from mlxcore.engine.sampling import RandomSampler, greedy, token_with_logprobs
+from mlxcore.engine.sampling import (
+    RandomSampler,
+    greedy,
+    token_with_logprobs,
+    tokens_with_logprobs,
+)
 from mlxcore.engine.strategies import (
     Decoder,
     DecodeSequence,
@@ -64,6 +70,7 @@ from mlxcore.engine.strategies import (
     Salvaged,
     SequenceCache,
     StepToken,
+    is_stateless,
 )
 
 
@@ -106,6 +113,12 @@ class _Slot:
     """True when a sampled token for this sequence is waiting in ``_pending``."""
     left: bool = False
     """The sequence was removed; its row stays until the batch is compacted."""
+    stateful: bool = attrs.field(init=False)
+    """A logits processor of the sequence keeps state (it must not see a token that a
+    near tie's check may still replace)."""
+
+    def __attrs_post_init__(self) -> None:
+        self.stateful = not all(is_stateless(p) for p in self.seq.logits_processors)
 
 
 class PlainDecoder(Decoder):
@@ -142,6 +155,8 @@ class PlainDecoder(Decoder):
         self._quantized = False
         """True while the batch cache's attention layers are quantized."""
         self.slots: list[_Slot] = []
+        self._left = 0
+        """How many of ``slots`` belong to removed sequences (kept until a compaction)."""
         self.cache: LayerCache = []
         self._takes_back = True
         """Every layer of ``cache`` can take a token back (set when the batch cache is built:
@@ -173,7 +188,7 @@ class PlainDecoder(Decoder):
         }
 
     def __len__(self) -> int:
-        return sum(not slot.left for slot in self.slots) + len(self._joining)
+        return len(self.slots) - self._left + len(self._joining)
 
     def add(self, seq: DecodeSequence) -> None:
         self._joining.append(seq)
@@ -190,12 +205,13 @@ class PlainDecoder(Decoder):
         slot = self.slots[idx]
         own = SequenceCache([layer.extract(idx) for layer in self.cache], slot.fed)
         slot.left = True
-        if all(s.left for s in self.slots):
+        self._left += 1
+        if self._left == len(self.slots):
             self._compact()
         return own
 
     def _compact_if_due(self) -> None:
-        left = sum(slot.left for slot in self.slots)
+        left = self._left
         if left and (self._joining or left >= LEFT_SHARE * len(self.slots)):
             self._compact()
 
@@ -204,6 +220,7 @@ class PlainDecoder(Decoder):
         self._settle()
         keep = [i for i, slot in enumerate(self.slots) if not slot.left]
         self.slots = [self.slots[i] for i in keep]
+        self._left = 0
         self._rows.keep(keep)
         if keep:
             for layer in self.cache:
@@ -299,6 +316,7 @@ class PlainDecoder(Decoder):
         out += [self._take_out(i, pending) for i, s in enumerate(self.slots) if not s.left]
         self._rows.keep([])
         self.slots, self._joining, self.cache = [], [], []
+        self._left = 0
         return out
 
     def hold(self, uids: set[int]) -> list[Salvaged]:
@@ -343,29 +361,62 @@ class PlainDecoder(Decoder):
             self._touched = False
             return {}
         deferred = self._deferrable_check()
-        if deferred is None:
-            self._settle()
-        inputs, input_logprobs = self._pending, self._pending_logprobs
-        self._launch(inputs)
         if deferred is not None:
-            fixed = self._checked(deferred, inputs)
-            if fixed is not None:
-                # a near tie's exact pick differs from the token this step was launched
-                # with: take that token's keys and values back and launch again
-                for layer in self.cache:
-                    layer.trim(1)
-                self.relaunched += 1
-                inputs = fixed
-                self._launch(inputs)
+            inputs, input_logprobs = self._pending, self._pending_logprobs
+            self._launch(inputs)
+            inputs = self._recheck(deferred, inputs, launched=True)
+        elif self._checks_before_processors():
+            # a stateful processor: the forward pass's graph is built on the raw argmax
+            # first, the check read next, the processors (which wait for the previous
+            # token anyway) see only the checked token
+            unchecked, self._unchecked = self._unchecked, None
+            assert unchecked is not None
+            inputs, input_logprobs = self._pending, self._pending_logprobs
+            logits = self._forward(inputs)
+            checked = self._recheck(unchecked, inputs, launched=False)
+            if checked is not inputs:
+                inputs, logits = checked, self._forward(checked)
+            self._sample(logits, inputs)
+        else:
+            self._settle()
+            inputs, input_logprobs = self._pending, self._pending_logprobs
+            self._launch(inputs)
         out = self._materialise(inputs, input_logprobs)
         self._touched = False
         return out
 
+    def _recheck(self, deferred: tuple[Any, Any], inputs: Any, *, launched: bool) -> Any:
+        """The tokens the step is to be fed after the previous step's near-tie check
+        (``inputs`` unless a near tie's exact pick differs: then the batch cache takes
+        the token back, and a ``launched`` step is launched again)."""
+        fixed = self._checked(deferred, inputs)
+        if fixed is None:
+            return inputs
+        for layer in self.cache:
+            layer.trim(1)
+        if launched:
+            self.relaunched += 1
+            self._launch(fixed)
+        return fixed
+
+    def _checks_before_processors(self) -> bool:
+        """The last step was a fast greedy one and this step's check cannot be deferred
+        only because of a stateful processor (the cache can take a token back)."""
+        return self._unchecked is not None and self._draw is None and self._takes_back
+
+    def _forward(self, inputs: Any) -> Any:
+        """This step's forward pass on ``inputs`` (lazy): the last position's logits."""
+        requests = [s.seq.request for s in self.slots] if self._adapted else ()
+        return forward(self.model, inputs[:, None], self.cache, requests)[:, -1, :]
+
     def _launch(self, inputs: Any) -> None:
         """Build this step's forward pass on ``inputs`` and start computing it; the
         sampled tokens become ``_pending`` (lazy)."""
-        requests = [s.seq.request for s in self.slots] if self._adapted else ()
-        logits = forward(self.model, inputs[:, None], self.cache, requests)[:, -1, :]
+        self._sample(self._forward(inputs), inputs)
+
+    def _sample(self, logits: Any, inputs: Any) -> None:
+        """Apply the processors to this step's ``logits``, pick the tokens (``_pending``)
+        and start computing them."""
         logits = self._process(logits, inputs)
         live = [s for s in self.slots if not s.left]
         wants = any(s.seq.request.sampling.logprobs for s in live)
@@ -397,7 +448,7 @@ class PlainDecoder(Decoder):
             return None
         if not self._takes_back:
             return None
-        if any(s.seq.logits_processors for s in self.slots if not s.left):
+        if any(slot.stateful for slot in self.slots if not slot.left):
             return None
         deferred, self._unchecked = self._unchecked, None
         return deferred
@@ -431,38 +482,51 @@ class PlainDecoder(Decoder):
             self._pending = mx.where(ties, exact_greedy(logits), self._pending)
 
     def _process(self, logits: Any, inputs: Any) -> Any:
-        if not any(s.seq.logits_processors and not s.left for s in self.slots):
+        """The step's logits after the rows' logits processors (only the rows that have
+        some are touched; each sees its context grown incrementally, the in-flight token
+        last)."""
+        touched = [i for i, s in enumerate(self.slots) if s.seq.logits_processors and not s.left]
+        if not touched:
             return logits
         rows = []
-        for i, slot in enumerate(self.slots):
-            row = logits[i : i + 1]
-            if slot.seq.logits_processors and not slot.left:
-                context = mx.array(slot.seq.tokens)
-                if slot.in_flight:
-                    context = mx.concatenate([context, inputs[i : i + 1]])
-                for proc in slot.seq.logits_processors:
-                    row = proc(context, row)
+        for i in touched:
+            slot = self.slots[i]
+            seq, row = slot.seq, logits[i : i + 1]
+            context = seq.context.array(seq.tokens, inputs[i : i + 1] if slot.in_flight else None)
+            for proc in seq.logits_processors:
+                row = proc(context, row)
             rows.append(row)
-        return mx.concatenate(rows, axis=0)
+        if len(touched) == len(self.slots):
+            return mx.concatenate(rows, axis=0)
+        processed = mx.concatenate(rows, axis=0)
+        if processed.dtype != logits.dtype:  # as a concatenation of all rows would promote
+            logits = logits.astype(processed.dtype)
+        logits[mx.array(touched)] = processed
+        return logits
 
     def _materialise(self, inputs: Any, input_logprobs: Any) -> dict[int, list[StepToken]]:
-        """Materialise the tokens fed this step; report those not reported before."""
+        """Materialise the tokens fed this step; report those not reported before (the
+        rows that asked for logprobs get them in one computation)."""
         tokens: list[int] = inputs.tolist()
         out: dict[int, list[StepToken]] = {}
+        scored: list[int] = []
         for i, (slot, tok) in enumerate(zip(self.slots, tokens, strict=True)):
             slot.fed += 1
             if slot.in_flight and not slot.left:
                 seq = slot.seq
                 seq.tokens.append(tok)
                 seq.next_token = tok
-                sampling = seq.request.sampling
-                if sampling.logprobs and input_logprobs is not None:
-                    out[seq.uid] = [
-                        token_with_logprobs(tok, input_logprobs[i], sampling.top_logprobs)
-                    ]
+                if seq.request.sampling.logprobs and input_logprobs is not None:
+                    scored.append(i)
                 else:
                     out[seq.uid] = [StepToken(tok)]
             slot.in_flight = True
+        if scored:
+            rows = input_logprobs[mx.array(scored)] if len(scored) < len(tokens) else input_logprobs
+            tops = [self.slots[i].seq.request.sampling.top_logprobs for i in scored]
+            found = tokens_with_logprobs([tokens[i] for i in scored], rows, tops)
+            for i, step_token in zip(scored, found, strict=True):
+                out[self.slots[i].seq.uid] = [step_token]
         kv = self.kv_quant
         if kv is not None and not self._quantized and max(s.fed for s in self.slots) >= kv.start:
             self._quantize_batch()  # after the step that reached the start, as mlx-lm does

@@ -75,10 +75,19 @@ class Admission:
     _pausing: bool = False
     """Background requests are held back this round (:meth:`_background_pause`)."""
 
+    _waiting_cancels = False
+    """A request was ended early while it waited (set by its handle): the next look at
+    the queue drops it (a scan per cancellation, not per step)."""
+
+    def _waiting_ended(self, handle: RequestHandle) -> None:
+        """A handle's ``on_end`` until it is admitted (any thread)."""
+        self._waiting_cancels = True
+
     def _drop_cancelled_waiting(self) -> None:
         """Requests cancelled while queued leave the queue at once."""
-        if not any(h.cancel_reason is not None for h in self._waiting):
+        if not self._waiting_cancels:
             return
+        self._waiting_cancels = False
         keep: collections.deque[RequestHandle] = collections.deque()
         for handle in self._waiting:
             if handle.cancel_reason is None:

@@ -24,6 +24,8 @@ from mlxcore.engine.strategies import (
     PrefillTask,
     Sampler,
     StepToken,
+    is_stateless,
+    stateless,
 )
 from mlxcore.errors import MlxcoreError, RequestFault
 
@@ -126,7 +128,7 @@ def guard(live: AdmittedRequest, proc: LogitsProcessor) -> LogitsProcessor:
             live.failed = RuntimeError(f"logits processor {name!r} failed: {exc}")
         return logits
 
-    return guarded
+    return stateless(guarded) if is_stateless(proc) else guarded
 
 
 def snapshot_callback(cache: CacheStrategy, task: PrefillTask) -> Callable[[int], None]:

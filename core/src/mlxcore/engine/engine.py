@@ -44,6 +44,7 @@ from mlxcore.engine.events import (
     FinishEvent,
     RequestHandle,
 )
+from mlxcore.engine.handoff import step_batch
 from mlxcore.engine.jobs import JobQueue, ModelJob
 from mlxcore.engine.kv_quant import KVQuantization
 from mlxcore.engine.loop import BatchLoop
@@ -274,7 +275,7 @@ class Engine(Admission):
         check_request(request, self.limits)
         if self.state == "new":
             self.start()
-        handle = RequestHandle(next(self._uids), request, sink, on_admitted)
+        handle = RequestHandle(next(self._uids), request, sink, on_admitted, self._waiting_ended)
         with self._wake:
             if self.state != "running" or time.monotonic() < self._available_at:
                 raise EngineUnavailable(self.reason or "the engine is restarting")
@@ -407,7 +408,8 @@ class Engine(Admission):
                 try:
                     if sync is not None:
                         admitted = sync.lead(loop, admitted)
-                    loop.iterate(admitted, self._background_pause() if sync is None else None)
+                    with step_batch():  # the step's events reach each event loop together
+                        loop.iterate(admitted, self._background_pause() if sync is None else None)
                     self.jobs.step()
                     loop.prefetch(waiting)
                 except Exception as exc:

@@ -95,6 +95,7 @@ class RequestHandle:
         request: GenerationRequest,
         sink: EventSink,
         on_admitted: Callable[[], None] | None = None,
+        on_end: Callable[[RequestHandle], None] | None = None,
     ) -> None:
         self.uid = uid
         self.request = request
@@ -102,6 +103,10 @@ class RequestHandle:
         self.on_admitted = on_admitted
         """Called (on the engine thread, must not block) when the request leaves the
         waiting queue and starts; never called for a request that ends while waiting."""
+        self.on_end = on_end
+        """Called once (on the thread that ends it, must not block) when the request is
+        first ended early (:meth:`end_early`): the engine's bookkeeping then costs per
+        cancellation, not a scan of every request per step."""
         self.cached_tokens = 0
         """Prompt tokens found in the prefix cache (set when the lookup is done: at
         admission, or after the prefill of a shared prefix this request waited for)."""
@@ -123,8 +128,11 @@ class RequestHandle:
         """Mark the request as over with ``reason`` (the first reason given wins);
         the engine finishes it at its next step."""
         with self._lock:
-            if self._cancel_reason is None:
-                self._cancel_reason = reason
+            if self._cancel_reason is not None:
+                return
+            self._cancel_reason = reason
+        if self.on_end is not None:
+            self.on_end(self)
 
     @property
     def cancel_reason(self) -> str | None:

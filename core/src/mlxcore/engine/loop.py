@@ -45,10 +45,11 @@ from mlxcore.engine.events import (
     Usage,
     send,
 )
+from mlxcore.engine.parking import park, unpark
 from mlxcore.engine.parts import EngineParts
 from mlxcore.engine.pausing import own_cache, pause_rows
 from mlxcore.engine.prefill_pacer import PrefillPacer
-from mlxcore.engine.prefill_plan import find_shared_prefix, plan_step
+from mlxcore.engine.prefill_plan import plan_step
 from mlxcore.engine.quarantine import Quarantine
 from mlxcore.engine.sampling import (
     make_processors,
@@ -115,6 +116,11 @@ class BatchLoop:
         """Sequences held out of the batch while a failing step's cause is looked for."""
         self.paused: dict[int, DecodeSequence] = {}
         """Background sequences held out of the batch while interactive work runs."""
+        self.ended: collections.deque[int] = collections.deque()
+        """Uids of admitted requests ended early (cancelled, stopped) since the last step,
+        told by their handles (``on_end``) from any thread."""
+        self._ending: set[int] = set()
+        """Ended requests not retired yet (still prefilling: that path ends them)."""
         self.shorts_in_a_row = 0
         self.prefetched: set[int] = set()
         self.abandoned = False
@@ -139,7 +145,7 @@ class BatchLoop:
             self.admit(handle)
         self.retire_cancelled()
         pause_rows(self, pause)
-        self.unpark()
+        unpark(self)
         started = time.perf_counter()
         chunk = self.prefill_step() if self.prefilling else 0
         decoded = bool(len(self.decoder) or self.quarantine)
@@ -152,6 +158,9 @@ class BatchLoop:
         usage = Usage(prompt_tokens=len(req.prompt_tokens))
         live = AdmittedRequest(handle, unbuilt_sampler, [], frozenset(), usage)
         self.live[handle.uid] = live
+        handle.on_end = lambda h: self.ended.append(h.uid)
+        if handle.cancel_reason is not None:  # ended before it was told where to say so
+            self.ended.append(handle.uid)
         try:
             live.sampler = make_sampler(req.sampling)
             eos = frozenset() if req.sampling.ignore_eos else self.eos_token_ids
@@ -163,7 +172,7 @@ class BatchLoop:
         except Exception as exc:
             self.fail(live, exc)
             return
-        if not self._park(live):
+        if not park(self, live):
             self.start_prefill(live)
         # Told after the prefix-cache lookup, so the front end reads the final
         # ``cached_tokens`` (Anthropic's message_start reports it).
@@ -191,7 +200,7 @@ class BatchLoop:
             scored = req.sampling.prompt_logprobs is not None
             lookup = self.cache.lookup(req.cache_tokens[:1] if scored else req.cache_tokens)
             live.usage.cached_tokens = live.handle.cached_tokens = lookup.cached_tokens
-            self._explain(live, lookup.explanation)
+            self.explain(live, lookup.explanation)
             live.task = PrefillTask(req, lookup.cache, lookup.cached_tokens)
             live.task.extra_checkpoints.extend(
                 self.cache.snapshot_points(req, lookup.cached_tokens)
@@ -203,7 +212,7 @@ class BatchLoop:
             return
         self.prefilling.append(live)
 
-    def _explain(self, live: AdmittedRequest, explanation: CacheExplanation | None) -> None:
+    def explain(self, live: AdmittedRequest, explanation: CacheExplanation | None) -> None:
         """Log a lookup's explanation; hand it to a request that asked for it
         (``"explain_cache": true``: ``usage.mlxcore.cache``)."""
         if explanation is None:
@@ -212,58 +221,6 @@ class BatchLoop:
         log.debug("request %s: prefix cache %s", rid, explanation.summary())
         if live.request.options.get(EXPLAIN_OPTION) is True:
             live.usage.extra["mlxcore"] = {"cache": explanation.as_dict()}
-
-    # -- shared prefixes -------------------------------------------------------
-
-    def _park(self, live: AdmittedRequest) -> bool:
-        """Let ``live`` wait for a prefill in progress that computes much of its prompt;
-        False when there is none worth waiting for."""
-        if live.request.media is not None or not self.prefill.stops_at_checkpoints:
-            return False
-        if live.request.sampling.prompt_logprobs is not None:
-            return False
-        candidates = [
-            (other, other.request.cache_tokens, other.progress, other.task.extra_checkpoints)
-            for other in self.prefilling
-            if other.task is not None
-            and other.request.media is None
-            and other.handle.cancel_reason is None
-        ]
-        try:
-            shared = find_shared_prefix(live.request.cache_tokens, candidates)
-        except Exception:
-            log.exception("looking for a shared prefix failed")
-            return False
-        if shared is None:
-            return False
-        leader = next(c[0] for c in candidates if c[0] is shared.leader)
-        assert leader.task is not None
-        if shared.length not in leader.task.extra_checkpoints:
-            leader.task.extra_checkpoints.append(shared.length)
-        live.handle.cached_tokens = shared.length  # what it will reuse from the leader
-        tokens = len(live.request.cache_tokens)
-        self._explain(
-            live,
-            CacheExplanation(
-                "shared_prefix", tokens, shared.length, shared.length, shared.length, "prefill"
-            ),
-        )
-        self.parked.append(Parked(live, leader, shared.length))
-        self.counters["prefill_shared_prefix_waits"] += 1
-        return True
-
-    def unpark(self) -> None:
-        """Start the waiting requests whose leader passed the shared prefix or left."""
-        waiting: list[Parked] = []
-        for entry in self.parked:
-            follower, leader = entry.follower, entry.leader
-            if follower.handle.cancel_reason is not None:
-                self.finish(follower, follower.handle.cancel_reason)
-            elif leader in self.prefilling and leader.progress < entry.length:
-                waiting.append(entry)
-            else:
-                self.start_prefill(follower)
-        self.parked = waiting
 
     def _batchable(self, live: AdmittedRequest) -> bool:
         if live.prefill_begun or live.solo or live.handle.cancel_reason is not None:
@@ -281,14 +238,16 @@ class BatchLoop:
         """One step's prefill work, chosen by :func:`~mlxcore.engine.prefill_plan.plan_step`:
         short prompts whole (together when they can; with nothing decoding, batch after
         batch up to the step's budget, so a burst's streams start together), or the next
-        chunk of a long one, sized by the pacer while sequences decode. Returns the chunk's
-        planned tokens (the pacer's measurement), -1 for short prompts (whose cost is
-        mostly the join, not their tokens: the pacer leaves them alone)."""
+        chunk of a long one, sized by the pacer while sequences decode (a batch of short
+        ones too: the pacer's budget bounds its padded tokens, so the running streams wait
+        about the same for a join as for a chunk). Returns the tokens planned while
+        sequences decode (the pacer's measurement), -1 for work with nothing decoding."""
         self._drop_cancelled_prefills()
         decoding = len(self.decoder) > 0
         budget = self.prefill_step_size
         if decoding and self.decode_chunk:
             budget = min(budget, self.decode_chunk)
+        paced = min(budget, self.pacer.budget()) if decoding else budget
 
         def is_short(item: Any) -> bool:
             return not item.prefill_begun and item.remaining <= budget + 1
@@ -296,20 +255,22 @@ class BatchLoop:
         spent = 0
         while True:
             plan = plan_step(
-                self.prefilling, is_short, budget, self.prefill_batch_size, self.shorts_in_a_row
+                self.prefilling, is_short, paced, self.prefill_batch_size, self.shorts_in_a_row
             )
             if plan is None or (spent and not plan.short):
                 return -1 if spent else 0
             group: list[AdmittedRequest] = plan.group  # type: ignore[assignment]
             if not plan.short:
                 self.shorts_in_a_row = 0
-                chunk = min(budget, self.pacer.budget()) if decoding else None
+                chunk = paced if decoding else None
                 planned = min(chunk or budget, group[0].remaining)
                 self.advance_prefill(group[0], chunk)
                 return planned
             spent += sum(live.remaining for live in group)
             self._prefill_short(group)
-            if decoding or spent >= budget:
+            if decoding:
+                return spent
+            if spent >= budget:
                 return -1
 
     def _prefill_short(self, group: list[AdmittedRequest]) -> None:
@@ -534,8 +495,16 @@ class BatchLoop:
         return False
 
     def retire_cancelled(self) -> None:
-        for uid, live in list(self.live.items()):
-            if live.seq is not None and live.handle.cancel_reason is not None:
+        """Retire the decoding requests ended early (per cancellation, not a scan of every
+        request each step; prefilling and parked ones are ended by their own paths)."""
+        while self.ended:
+            self._ending.add(self.ended.popleft())
+        for uid in list(self._ending):
+            live = self.live.get(uid)
+            if live is None:
+                self._ending.discard(uid)
+            elif live.seq is not None and live.handle.cancel_reason is not None:
+                self._ending.discard(uid)
                 seq = self.paused.pop(uid, None)
                 own = self.decoder.remove(uid) if seq is None else own_cache(seq)
                 self.retire(live, own)

@@ -32,6 +32,7 @@ import attrs
 
 from mlxcore.engine.cache_explain import CacheExplanation
 from mlxcore.engine.request import GenerationRequest
+from mlxcore.engine.token_context import TokenContext
 from mlxcore.errors import MlxcoreError
 
 if TYPE_CHECKING:
@@ -45,6 +46,25 @@ Sampler = Callable[[Any], Any]
 
 LogitsProcessor = Callable[[Any, Any], Any]
 """mlx-lm's processor signature: ``(tokens_so_far, logits) -> logits``."""
+
+_STATELESS = "mlxcore_stateless"
+
+P = TypeVar("P", bound=LogitsProcessor)
+
+
+def stateless(proc: P) -> P:
+    """Mark ``proc`` as a pure function of its arguments (no state kept between calls,
+    nothing waited for): a decoder may call it again for a step it launches again, so
+    rows whose processors are all stateless keep the pipelined greedy check (see
+    :mod:`mlxcore.defaults.decoder`). mlx-lm's penalties and logit bias are; a grammar is
+    not."""
+    setattr(proc, _STATELESS, True)
+    return proc
+
+
+def is_stateless(proc: LogitsProcessor) -> bool:
+    """Whether ``proc`` was marked with :func:`stateless`."""
+    return getattr(proc, _STATELESS, False) is True
 
 
 @attrs.define
@@ -385,6 +405,9 @@ class DecodeSequence:
     logits_processors: list[LogitsProcessor] = attrs.field(factory=list)
     usage: dict[str, Any] = attrs.field(factory=dict)
     position_offset: int = 0
+    context: TokenContext = attrs.field(factory=TokenContext, init=False, repr=False, eq=False)
+    """``tokens`` as an MLX array for the logits processors, converted incrementally
+    (``seq.context.array(seq.tokens)``)."""
 
 
 @attrs.define

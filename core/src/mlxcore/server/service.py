@@ -4,7 +4,8 @@ A front end builds its :class:`~mlxcore.request_builder.Generation` objects with
 model session's request builder on :meth:`GenerationService.prepare` (its errors become
 400s here), then starts them with :meth:`GenerationService.start` and iterates the
 :class:`~mlxcore.output.OutputDelta` objects it returns. Events cross from the engine
-thread to the event loop through ``call_soon_threadsafe``; when the consumer
+thread to the event loop through its :class:`~mlxcore.engine.handoff.LoopHandoff` (one
+wake-up of the loop per engine step for every request); when the consumer
 stops early (client gone, stop string), the engine request is cancelled.
 """
 
@@ -32,6 +33,7 @@ from mlxcore.engine.events import (
     RequestHandle,
     TokenEvent,
 )
+from mlxcore.engine.handoff import handoff_for
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.validation import RequestRejected
 from mlxcore.errors import MediaError, OptionError
@@ -178,11 +180,13 @@ class GenerationService:
             if not admission.done():
                 admission.set_result(None)
 
+        handoff = handoff_for(loop)
+
         def sink(event: Event) -> None:
-            loop.call_soon_threadsafe(deliver, event)
+            handoff.post(deliver, event)
 
         def on_admitted() -> None:
-            loop.call_soon_threadsafe(admitted)
+            handoff.post(admitted)
 
         if self.adapter is not None:
             gen.request = self._adapted(gen.request)

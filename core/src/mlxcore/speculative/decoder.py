@@ -43,7 +43,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache
 
 from mlxcore.defaults.decoder import PlainDecoder
-from mlxcore.engine.sampling import token_with_logprobs
+from mlxcore.engine.sampling import tokens_with_logprobs
 from mlxcore.engine.strategies import Decoder, DecodeSequence, SequenceCache, StepToken
 from mlxcore.speculative.accept import KeyStream, decide, normalize, rule_for
 from mlxcore.speculative.verify import RecurrentStates, TargetVerifier, rollback
@@ -393,7 +393,7 @@ class SpeculativeDecoder(Decoder):
         """
         if not seq.logits_processors:
             return rows
-        base = mx.array(seq.tokens)
+        base = seq.context.array(seq.tokens)
         out = []
         for i in range(rows.shape[0]):
             context = base if i == 0 else mx.concatenate([base, drafts[:i].astype(base.dtype)])
@@ -411,9 +411,8 @@ class SpeculativeDecoder(Decoder):
         sampling = seq.request.sampling
         if not sampling.logprobs:
             return [StepToken(t) for t in emitted]
-        return [
-            token_with_logprobs(t, target[i], sampling.top_logprobs) for i, t in enumerate(emitted)
-        ]
+        rows = target[: len(emitted)]
+        return tokens_with_logprobs(emitted, rows, [sampling.top_logprobs] * len(emitted))
 
     def _account(self, row: SpecRow, k: int, emitted: int) -> None:
         """Update the sequence's usage and the totals."""
