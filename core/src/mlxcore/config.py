@@ -53,7 +53,7 @@ class ServerConfig:
     )  # fmt: skip
     # -- engine ------------------------------------------------------------
     max_num_seqs: int = setting(
-        128, group=ENGINE, type=positive_int,
+        32, group=ENGINE, type=positive_int,
         help="most sequences decoded together (each also needs its cache to fit the memory "
         "budget before it starts)",
     )  # fmt: skip
