@@ -22,6 +22,7 @@ CLI prints it), or :class:`~mlxcore.errors.MediaError` for media parts.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
@@ -59,16 +60,56 @@ tokenizer: it is refused before it is templated or tokenized."""
 CONTEXT_CODE = "context_length_exceeded"
 """The error code of a prompt or budget that does not fit the model's context."""
 
-_warned: set[str] = set()
+WARNED_KEYS = 256
+"""How many distinct cases :func:`warn_once` remembers (client input names many of them,
+e.g. unknown field names: the set must not grow with what clients send)."""
+
+NEW_CASES_EVERY_S = 60.0
+"""Once :data:`WARNED_KEYS` cases are remembered, new ones are summed up in at most one
+warning line per this many seconds."""
+
 _log = logging.getLogger("mlxcore.server")
+
+
+class _OnceLog:
+    """The cases :func:`warn_once` has logged: bounded, and thread-safe."""
+
+    def __init__(self) -> None:
+        self.keys: set[str] = set()
+        self.unlisted = 0
+        self.last_summary = -NEW_CASES_EVERY_S
+        self.lock = threading.Lock()
+
+    def level(self, key: str) -> tuple[int, int]:
+        """The log level for ``key`` and, when this line is a summary, how many new
+        cases went unlisted before it (else 0)."""
+        with self.lock:
+            if key in self.keys:
+                return logging.DEBUG, 0
+            if len(self.keys) < WARNED_KEYS:
+                self.keys.add(key)
+                return logging.WARNING, 0
+            self.unlisted += 1
+            now = time.monotonic()
+            if now - self.last_summary < NEW_CASES_EVERY_S:
+                return logging.DEBUG, 0
+            self.last_summary, unlisted, self.unlisted = now, self.unlisted, 0
+            return logging.WARNING, unlisted
+
+
+_warned = _OnceLog()
 
 
 def warn_once(key: str, message: str, *args: Any) -> None:
     """Log a warning about what clients keep sending (``key`` names the case) once per
     process; later occurrences go to the debug log, so an agent that sends the same
-    thing every turn does not flood the log."""
-    level = logging.DEBUG if key in _warned else logging.WARNING
-    _warned.add(key)
+    thing every turn does not flood the log. At most :data:`WARNED_KEYS` cases are
+    remembered; past them a new case is logged with a count of the new cases since the
+    last such line, at most once per :data:`NEW_CASES_EVERY_S` seconds."""
+    level, unlisted = _warned.level(key)
+    if unlisted > 1:
+        message += " (and %d more new cases since the last such line)"
+        args = (*args, unlisted - 1)
     _log.log(level, message, *args)
 
 
