@@ -117,8 +117,9 @@ def test_a_warning_about_what_clients_keep_sending_is_logged_once(
 def test_warnings_about_client_input_stay_bounded_under_a_flood(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """20,000 never-seen field names: the remembered cases stop at WARNED_KEYS and the
-    warning lines at WARNED_KEYS + 1 (one summary for the rest within a minute)."""
+    """20,000 never-seen field names: the remembered names stop at WARNED_KEYS and the
+    warning lines at WARNED_KEYS + 1 (one summary for the rest within a minute), and a
+    warning of another case still comes out at once."""
     from mlxcore import request_builder as rb
 
     monkeypatch.setattr(rb, "_warned", rb._OnceLog())
@@ -126,14 +127,16 @@ def test_warnings_about_client_input_stay_bounded_under_a_flood(
     for i in range(20_000):
         rb.warn_once(f"unknown-field:f{i}", "request field %r is ignored", f"f{i}")
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(rb._warned.keys) == rb.WARNED_KEYS
+    assert len(rb._warned.cases["unknown-field"].keys) == rb.WARNED_KEYS
     assert len(warnings) == rb.WARNED_KEYS + 1
     assert "f0" in warnings[0].getMessage()
     assert "'f256'" in warnings[-1].getMessage()  # the first case past the bound, alone
-    rb._warned.last_summary -= rb.NEW_CASES_EVERY_S  # a minute later: one line sums up
+    rb.warn_once("other-case", "a server-side fact")  # another case is not crowded out
+    assert caplog.records[-1].levelno == logging.WARNING
+    rb._warned.cases["unknown-field"].last_summary -= rb.NEW_CASES_EVERY_S  # a minute later
     caplog.clear()
     rb.warn_once("unknown-field:late", "request field %r is ignored", "late")
     (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert "'late'" in line and "19743 more new cases" in line
+    assert "'late'" in line and "19743 more such warnings" in line
     rb.warn_once("unknown-field:f3", "request field %r is ignored", "f3")  # a known case
     assert [r.levelno for r in caplog.records][-1] == logging.DEBUG

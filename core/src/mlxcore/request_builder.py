@@ -61,39 +61,47 @@ CONTEXT_CODE = "context_length_exceeded"
 """The error code of a prompt or budget that does not fit the model's context."""
 
 WARNED_KEYS = 256
-"""How many distinct cases :func:`warn_once` remembers (client input names many of them,
-e.g. unknown field names: the set must not grow with what clients send)."""
+"""How many distinct keys of one case :func:`warn_once` remembers (client input names
+many of them, e.g. unknown field names: the set must not grow with what clients send)."""
 
 NEW_CASES_EVERY_S = 60.0
-"""Once :data:`WARNED_KEYS` cases are remembered, new ones are summed up in at most one
-warning line per this many seconds."""
+"""Once a case has :data:`WARNED_KEYS` keys remembered, its new keys are summed up in at
+most one warning line per this many seconds."""
 
 _log = logging.getLogger("mlxcore.server")
 
 
+@attrs.define
+class _Case:
+    """The keys logged for one case (the part of a key before ``:``, fixed by the code)."""
+
+    keys: set[str] = attrs.field(factory=set)
+    unlisted: int = 0
+    last_summary: float = -NEW_CASES_EVERY_S
+
+
 class _OnceLog:
-    """The cases :func:`warn_once` has logged: bounded, and thread-safe."""
+    """The keys :func:`warn_once` has logged, per case: bounded, and thread-safe."""
 
     def __init__(self) -> None:
-        self.keys: set[str] = set()
-        self.unlisted = 0
-        self.last_summary = -NEW_CASES_EVERY_S
+        self.cases: dict[str, _Case] = {}
         self.lock = threading.Lock()
 
     def level(self, key: str) -> tuple[int, int]:
-        """The log level for ``key`` and, when this line is a summary, how many new
-        cases went unlisted before it (else 0)."""
+        """The log level for ``key`` and, when this line is a summary, how many warnings
+        of its case's unremembered keys came before it since the last one (else 0)."""
         with self.lock:
-            if key in self.keys:
+            case = self.cases.setdefault(key.split(":", 1)[0], _Case())
+            if key in case.keys:
                 return logging.DEBUG, 0
-            if len(self.keys) < WARNED_KEYS:
-                self.keys.add(key)
+            if len(case.keys) < WARNED_KEYS:
+                case.keys.add(key)
                 return logging.WARNING, 0
-            self.unlisted += 1
+            case.unlisted += 1
             now = time.monotonic()
-            if now - self.last_summary < NEW_CASES_EVERY_S:
+            if now - case.last_summary < NEW_CASES_EVERY_S:
                 return logging.DEBUG, 0
-            self.last_summary, unlisted, self.unlisted = now, self.unlisted, 0
+            case.last_summary, unlisted, case.unlisted = now, case.unlisted, 0
             return logging.WARNING, unlisted
 
 
@@ -101,14 +109,16 @@ _warned = _OnceLog()
 
 
 def warn_once(key: str, message: str, *args: Any) -> None:
-    """Log a warning about what clients keep sending (``key`` names the case) once per
-    process; later occurrences go to the debug log, so an agent that sends the same
-    thing every turn does not flood the log. At most :data:`WARNED_KEYS` cases are
-    remembered; past them a new case is logged with a count of the new cases since the
-    last such line, at most once per :data:`NEW_CASES_EVERY_S` seconds."""
+    """Log a warning about what clients keep sending once per process; later occurrences
+    go to the debug log, so an agent that sends the same thing every turn does not flood
+    the log. ``key`` is ``case`` or ``case:detail``, where ``case`` is fixed by the calling
+    code and ``detail`` may come from the client: each case remembers at most
+    :data:`WARNED_KEYS` details, and past them logs a new one with a count of those left
+    unlogged, at most once per :data:`NEW_CASES_EVERY_S` seconds (so a flood of one case
+    never hides another)."""
     level, unlisted = _warned.level(key)
     if unlisted > 1:
-        message += " (and %d more new cases since the last such line)"
+        message += " (and %d more such warnings since the last one)"
         args = (*args, unlisted - 1)
     _log.log(level, message, *args)
 
