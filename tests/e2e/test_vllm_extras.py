@@ -92,3 +92,20 @@ def test_a_field_nobody_reads_is_reported_once(
     log = scripted_server.log()
     assert log.count("'surely_unknown_field_xyz' is not known to this server") == 1
     assert "'test_script' is not known" not in log
+
+
+def test_a_body_of_made_up_field_names_is_refused_before_it_is_kept(
+    client: openai.OpenAI, scripted_server: Server
+) -> None:
+    """A flood of names this server does not define would live as long as the request:
+    past ``MAX_EXTRA_FIELDS`` the body is a 400 and nothing is logged per name."""
+    from mlxcore.server.frontend import MAX_EXTRA_FIELDS
+
+    many = {f"made_up_{i}": 1 for i in range(MAX_EXTRA_FIELDS)}  # with test_script: one over
+    with pytest.raises(openai.BadRequestError) as err:
+        complete(client, **many)
+    assert f"at most {MAX_EXTRA_FIELDS}" in err.value.message
+    assert "'made_up_0' is not known" not in scripted_server.log()
+    many.pop("made_up_0")  # exactly the bound: served, each name reported once
+    assert complete(client, **many).choices[0].text == "Hi there"
+    assert "'made_up_1' is not known" in scripted_server.log()
