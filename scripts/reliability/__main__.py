@@ -62,7 +62,8 @@ def run_fuzz(logs: Path, model: str | None, total: int) -> dict[str, Any]:
     with serving(logs, model, *LORA_ARGS, *SERVE_ARGS) as server:
         before = greedy_reference(server)
         document = httpx.get(f"{server.base_url}/openapi.json", timeout=30).json()
-        requests = fuzz.cases(document, total, seed=2026)
+        served = httpx.get(f"{server.base_url}/v1/models", timeout=30).json()["data"][0]["id"]
+        requests = fuzz.cases(document, total, seed=2026, served=served)
         started = time.monotonic()
         statuses, problems = asyncio.run(fuzz.send_all(server.base_url, requests, 16))
         after = greedy_reference(server)

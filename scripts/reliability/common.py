@@ -108,6 +108,9 @@ def error_shape_problem(path: str, response: httpx.Response) -> str | None:
         body = response.json()
     except (json.JSONDecodeError, UnicodeDecodeError):
         return f"{response.status_code} body is not JSON: {response.text[:120]!r}"
+    if path.startswith("/api/"):  # Ollama's: {"error": "message"}
+        ok = isinstance(body, dict) and isinstance(body.get("error"), str) and body["error"]
+        return None if ok else f"not an Ollama error: {str(body)[:160]}"
     if path.startswith("/v1/messages"):
         ok = (
             isinstance(body, dict)
@@ -136,6 +139,8 @@ def retry_problem(response: httpx.Response) -> str | None:
 def stream_problem(path: str, response: httpx.Response, text: str) -> str | None:
     """Why a 200 streaming response is broken (``None``: it is well formed)."""
     kind = response.headers.get("content-type", "")
+    if path.startswith("/api/"):
+        return ndjson_problem(kind, text)
     if not kind.startswith("text/event-stream"):
         return f"stream sent as {kind!r}"
     events = parse_sse(text)
@@ -160,6 +165,22 @@ def stream_problem(path: str, response: httpx.Response, text: str) -> str | None
     for data in datas[:-1]:
         if '"error"' in data and data.lstrip().startswith('{"error"'):
             return f"error frame in stream: {data[:160]}"
+    return None
+
+
+def ndjson_problem(kind: str, text: str) -> str | None:
+    """Why an Ollama stream is broken: every line a JSON object, no error line, the last
+    one ``done``."""
+    if not kind.startswith("application/x-ndjson"):
+        return f"stream sent as {kind!r}"
+    try:
+        lines = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except json.JSONDecodeError as exc:
+        return f"a stream line is not JSON: {exc}"
+    if any(not isinstance(line, dict) or "error" in line for line in lines):
+        return f"error line in stream: {text[-160:]}"
+    if not lines or lines[-1].get("done") is not True:
+        return "stream did not end with done: true"
     return None
 
 

@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses")
+OLLAMA_ROUTES = ("/api/chat", "/api/generate")
 CAPPED_LIMIT = 256
 """The longest generation budget the fuzz keeps: the document allows budgets up to the
 context (and /v1/messages caps any max_tokens at the context), legitimately long
@@ -130,17 +131,21 @@ def body_strategies(document: dict[str, Any]) -> dict[str, st.SearchStrategy[Any
 
 ROLES = {
     "/v1/chat/completions": ["system", "user", "assistant", "tool"],
+    "/api/chat": ["system", "user", "assistant", "tool"],
     "/v1/messages": ["user", "assistant"],
 }
 
 
-def _plausible(path: str, body: Any, rng: random.Random) -> Any:
+def _plausible(path: str, body: Any, rng: random.Random, served: str) -> Any:
     """Most schema-valid bodies get a served model name and sensible messages, so the
     fuzz reaches sampling, templating and generation instead of stopping at the first
-    semantic check; the rest keep whatever was drawn."""
+    semantic check; the rest keep whatever was drawn. (The OpenAI and Anthropic routes
+    take no name as the default model; Ollama's need one: ``served``.)"""
     if not isinstance(body, dict) or rng.random() < 0.3:
         return body
     body = {k: v for k, v in body.items() if k != "model"}
+    if path.startswith("/api/"):
+        body["model"] = served
     if path in ROLES and isinstance(body.get("messages"), list):
         messages = []
         for m in body["messages"][:3] or [{}]:
@@ -159,6 +164,11 @@ def _plausible(path: str, body: Any, rng: random.Random) -> Any:
 def _bounded(path: str, body: Any, rng: random.Random) -> Any:
     """Keep generations short: most valid bodies get a small max_tokens (the rest keep
     whatever was drawn), so 2,000 requests finish in minutes on a CPU."""
+    if isinstance(body, dict) and path in OLLAMA_ROUTES:  # the budget is an option
+        options = body.get("options")
+        options = dict(options) if isinstance(options, dict) else {}
+        options["num_predict"] = rng.randint(1, 16)
+        return {**body, "options": options}
     if not isinstance(body, dict) or path not in GENERATION_ROUTES:
         return body
     field = "max_output_tokens" if path == "/v1/responses" else "max_tokens"
@@ -178,8 +188,11 @@ def _bounded(path: str, body: Any, rng: random.Random) -> Any:
     return body
 
 
-def cases(document: dict[str, Any], total: int, seed: int) -> list[dict[str, Any]]:
-    """About ``total`` requests: ``{method, path, content (bytes), headers}``."""
+def cases(
+    document: dict[str, Any], total: int, seed: int, served: str = ""
+) -> list[dict[str, Any]]:
+    """About ``total`` requests: ``{method, path, content (bytes), headers}``
+    (``served``: the server's model name, for routes that need one)."""
     rng = random.Random(seed)
     bodies = body_strategies(document)
     share = max(1, (total * 7 // 10) // max(1, len(bodies)))
@@ -199,7 +212,7 @@ def cases(document: dict[str, Any], total: int, seed: int) -> list[dict[str, Any
             if rng.random() < 0.35 and isinstance(body, dict):
                 field = rng.choice([*body.keys(), *NUMERIC_FIELDS])
                 body = {**body, field: rng.choice(replacements)}
-            add(path, _bounded(path, _plausible(path, body, rng), rng))
+            add(path, _bounded(path, _plausible(path, body, rng, served), rng))
     paths = list(bodies)
     for value in collect(json_values, total // 10, seed + 1):
         add(rng.choice(paths), value)
@@ -261,11 +274,12 @@ async def _one(client: httpx.AsyncClient, req: dict[str, Any]) -> tuple[str | No
         return f"HTTP {r.status_code}: {text[:200]}", r.status_code
     if r.status_code >= 400:
         problem = retry_problem(r)
-        if path.startswith("/v1/"):
+        if path.startswith(("/v1/", "/api/")):
             problem = problem or error_shape_problem(path, r)
         return problem, r.status_code
+    kind = r.headers.get("content-type", "")
     if (
-        r.headers.get("content-type", "").startswith("text/event-stream")
+        kind.startswith(("text/event-stream", "application/x-ndjson"))
         or b'"stream": true' in req["content"]
     ):
         return stream_problem(path, r, text), r.status_code

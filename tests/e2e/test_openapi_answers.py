@@ -59,6 +59,12 @@ def check(
         for event in events:
             check_event(schema, event, document["components"])
         return {}
+    if media_type == "application/x-ndjson":  # Ollama's streams: every line an object
+        lines = [json.loads(line) for line in answer.text.splitlines() if line]
+        assert lines and lines[-1]["done"] is True, (method, path)
+        for line in lines:
+            matches(schema, line, document["components"])
+        return {}
     if media_type != "application/json":
         return {}
     body: dict[str, Any] = answer.json()
@@ -107,6 +113,33 @@ def test_every_success_is_documented(document: dict[str, Any]) -> None:
     for path in streaming:
         content = document["paths"][path]["post"]["responses"]["200"]["content"]
         assert set(content) == {"application/json", "text/event-stream"}, path
+
+
+def test_ollama_routes(http: httpx.Client, document: dict[str, Any]) -> None:
+    ask = {"model": "tiny", "messages": USER, "options": {"test_script": THINK_AND_CALL}}
+    tools = [{"type": "function", "function": WEATHER}]
+    body = check(document, "POST", "/api/chat", http.post("/api/chat", json={**ask,
+                 "tools": tools, "stream": False}))  # fmt: skip
+    assert body["message"]["tool_calls"] and body["message"]["thinking"]
+    check(document, "POST", "/api/chat", http.post("/api/chat", json={**ask, "tools": tools}))
+    said = {"model": "tiny", "prompt": "hi", "options": {"test_script": "<think>a</think>b"}}
+    body = check(document, "POST", "/api/generate", http.post("/api/generate", json={**said,
+                 "stream": False}))  # fmt: skip
+    assert body["thinking"] == "a" and body["response"] == "b"
+    check(document, "POST", "/api/generate", http.post("/api/generate", json=said))
+    loaded = check(document, "POST", "/api/generate", http.post("/api/generate",
+                   json={"model": "tiny", "stream": False}))  # fmt: skip
+    assert loaded["done_reason"] == "load"
+    check(document, "POST", "/api/embed", http.post("/api/embed", json={"model": "tiny",
+          "input": ["a", "b"]}))  # fmt: skip
+    check(document, "POST", "/api/embeddings", http.post("/api/embeddings", json={"model": "tiny",
+          "prompt": "a"}))  # fmt: skip
+    for path in ("/api/tags", "/api/ps", "/api/version"):
+        check(document, "GET", path, http.get(path))
+    check(document, "POST", "/api/show", http.post("/api/show", json={"model": "tiny"}))
+    error = http.post("/api/chat", json={**ask, "options": {"top_k": "x"}})
+    assert error.status_code == 400
+    matches(document["components"]["schemas"]["Error"], error.json(), document["components"])
 
 
 def test_server_and_model_routes(http: httpx.Client, document: dict[str, Any]) -> None:

@@ -80,6 +80,27 @@ def test_image_request_matches_mlx_vlm_generate(
     assert a != b
 
 
+def test_ollama_images_match_the_openai_route(vision_server: Server) -> None:
+    """The ``ollama`` client's ``images`` (base64 sent by the client) reach the same media
+    handler: the same greedy reply as the OpenAI route, which matches mlx-vlm above."""
+    import ollama
+
+    client = ollama.Client(host=vision_server.base_url, timeout=120)
+    text = "Describe the picture."
+    answer = client.chat(
+        model=MODEL,
+        messages=[{"role": "user", "content": text, "images": [png_bytes(noise_image(1))]}],
+        options={"temperature": 0, "num_predict": MAX_TOKENS},
+        think=False,
+    )
+    reference = chat(vision_server, image_message(text, data_uri(noise_image(1))))
+    assert answer.message.content == reference.json()["choices"][0]["message"]["content"]
+    assert answer.prompt_eval_count == reference.json()["usage"]["prompt_tokens"]
+    with pytest.raises(ollama.ResponseError) as err:  # not an image: a 400 naming it
+        client.chat(model=MODEL, messages=[{"role": "user", "content": "?", "images": [b"no"]}])
+    assert err.value.status_code == 400
+
+
 def test_two_images_in_one_message_match_mlx_vlm(
     vision_server: Server, reference: Reference
 ) -> None:

@@ -112,19 +112,24 @@ def event_schema(
 
 ERROR_SCHEMA: dict[str, Any] = {
     "type": "object",
-    "description": "An error: OpenAI's shape ({error: {...}}) or, on Anthropic routes, "
-    "Anthropic's ({type: error, error: {...}}).",
+    "description": "An error: OpenAI's shape ({error: {...}}); on Anthropic routes, "
+    "Anthropic's ({type: error, error: {...}}); on Ollama routes, Ollama's ({error: message}).",
     "properties": {
         "type": {"type": "string"},
         "error": {
-            "type": "object",
-            "properties": {
-                "message": {"type": "string"},
-                "type": {"type": "string"},
-                "param": {"type": ["string", "null"]},
-                "code": {"type": ["string", "null"]},
-            },
-            "required": ["message", "type"],
+            "anyOf": [
+                {
+                    "type": "object",
+                    "properties": {
+                        "message": {"type": "string"},
+                        "type": {"type": "string"},
+                        "param": {"type": ["string", "null"]},
+                        "code": {"type": ["string", "null"]},
+                    },
+                    "required": ["message", "type"],
+                },
+                {"type": "string"},
+            ]
         },
     },
     "required": ["error"],

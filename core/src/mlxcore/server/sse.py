@@ -41,18 +41,22 @@ ErrorFrame = Callable[[APIError], bytes]
 class EventStream(Stream):
     """A streaming ``text/event-stream`` response (Litestar would otherwise take the
     route's default media type, JSON, over the response's own) that turns a failure
-    mid-stream into the API's error frame and fills long silences with keep-alives."""
+    mid-stream into the API's error frame and fills long silences with keep-alives.
+    Other line-based streams (Ollama's NDJSON) give their ``media_type`` and no
+    keep-alive (``keepalive=None``: their clients parse every line)."""
 
     def __init__(
         self,
         chunks: AsyncIterator[bytes],
         error_frame: ErrorFrame,
-        keepalive: float = KEEPALIVE_SECONDS,
+        keepalive: float | None = KEEPALIVE_SECONDS,
         headers: dict[str, str] | None = None,
+        media_type: str = "text/event-stream",
     ) -> None:
-        super().__init__(chunks, media_type="text/event-stream", headers=headers)
+        super().__init__(chunks, media_type=media_type, headers=headers)
         self.error_frame = error_frame
         self.keepalive = keepalive
+        self.stream_type = media_type
 
     def to_asgi_response(self, *args: Any, **kwargs: Any) -> Any:
         headers = kwargs.get("headers")
@@ -68,7 +72,7 @@ class EventStream(Stream):
             encoding=self.encoding,
             headers={**headers, **self.headers} if headers is not None else self.headers,
             is_head_response=kwargs.get("is_head_response", False),
-            media_type="text/event-stream",
+            media_type=self.stream_type,
             status_code=self.status_code or kwargs.get("status_code"),
         )
 
@@ -76,29 +80,36 @@ class EventStream(Stream):
 def event_stream(
     chunks: AsyncIterator[bytes],
     error_frame: ErrorFrame,
-    keepalive: float = KEEPALIVE_SECONDS,
+    keepalive: float | None = KEEPALIVE_SECONDS,
+    media_type: str = "text/event-stream",
 ) -> EventStream:
     """An SSE response from ``chunks``; ``error_frame(err)`` renders an error in the API's
-    shape (including any end marker the API uses after it)."""
+    shape (including any end marker the API uses after it). ``media_type`` and
+    ``keepalive=None`` make it another line-based stream (see :class:`EventStream`)."""
     return EventStream(
         chunks,
         error_frame,
         keepalive,
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        media_type=media_type,
     )
 
 
 class _EventStreamResponse(ASGIStreamingResponse):
     __slots__ = ("error_frame", "keepalive")
 
-    def __init__(self, *, error_frame: ErrorFrame, keepalive: float, **kwargs: Any) -> None:
+    def __init__(self, *, error_frame: ErrorFrame, keepalive: float | None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.error_frame = error_frame
         self.keepalive = keepalive
 
     async def _stream(self, send: Send) -> None:
         writer = _Writer(send)
-        keeper = asyncio.ensure_future(writer.keep_alive(self.keepalive))
+        keeper = (
+            None
+            if self.keepalive is None
+            else asyncio.ensure_future(writer.keep_alive(self.keepalive))
+        )
         iterator = self.iterator.__aiter__()
         following = iterator.__anext__
         try:
@@ -117,7 +128,8 @@ class _EventStreamResponse(ASGIStreamingResponse):
                     break
                 await writer.write(chunk if isinstance(chunk, bytes) else chunk.encode())
         finally:
-            keeper.cancel()
+            if keeper is not None:
+                keeper.cancel()
             aclose = getattr(iterator, "aclose", None)
             if aclose is not None:  # a stream left early (client gone) ends its generation now
                 with contextlib.suppress(Exception):

@@ -257,7 +257,13 @@ def check_chat_fields(body: ChatCompletionRequest) -> None:
             "a chat template in the request is not accepted; the model's template is used",
             "chat_template_kwargs.chat_template",
         )
-    for i, tool in enumerate(body.tools or []):
+    check_tools(body.tools)
+
+
+def check_tools(tools: list[dict[str, Any]] | None) -> None:
+    """Refuse tools that are not ``{type: function, function: {name, ...}}``, naming the
+    tool (the chat routes of every front end take tools in this shape)."""
+    for i, tool in enumerate(tools or []):
         fn = tool.get("function")
         if tool.get("type", "function") != "function" or not isinstance(fn, Mapping):
             raise invalid("each tool must be {type: function, function: {...}}", f"tools[{i}]")
