@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mlxcore.cli")
 
-CORE_COMMANDS = ("serve", "generate", "bench", "plugins", "parse", "launch", "agent")
+CORE_COMMANDS = ("serve", "generate", "bench", "plugins", "parse", "launch", "agent", "models")
 MODEL_COMMANDS = ("serve", "generate", "bench")
 
 
@@ -42,6 +42,8 @@ def build_parser(hooks: PluginHooks | None) -> tuple[argparse.ArgumentParser, se
     from mlxcore.cli.agent_command import add_agent_command
     from mlxcore.cli.launch_command import HELP as LAUNCH_HELP
     from mlxcore.cli.launch_command import add_launch_command
+    from mlxcore.cli.models_command import HELP as MODELS_HELP
+    from mlxcore.cli.models_command import add_models_command
     from mlxcore.cli.parse_command import HELP as PARSE_HELP
     from mlxcore.cli.parse_command import add_parse_options
 
@@ -105,6 +107,7 @@ def build_parser(hooks: PluginHooks | None) -> tuple[argparse.ArgumentParser, se
     add_launch_command(add("launch", LAUNCH_HELP))
     add("parse", PARSE_HELP, add_parse_options)
     add("agent", AGENT_HELP, add_agent_command)
+    add("models", MODELS_HELP, add_models_command)
     if hooks is not None:
         hooks.add_commands(_PluginCommands(sub))
         core_dests.add("mlxcore_handler")
@@ -206,6 +209,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from mlxcore.cli.agent_command import run_agent
 
             return run_agent(args)
+        if args.command == "models":
+            from mlxcore.cli.models_command import run_models
+
+            return run_models(args)
         if args.command == "parse":
             from mlxcore.cli.parse_command import run_parse
 
