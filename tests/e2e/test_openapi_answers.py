@@ -151,6 +151,8 @@ def test_server_and_model_routes(http: httpx.Client, document: dict[str, Any]) -
     check(document, "GET", "/v1/models/{model_id}", http.get(f"/v1/models/{name}"))
     check(document, "POST", "/v1/models/{model_id}/load", http.post(f"/v1/models/{name}/load"))
     check(document, "GET", "/metrics", http.get("/metrics"))
+    history = check(document, "GET", "/metrics/history", http.get("/metrics/history?seconds=60"))
+    assert history["window_seconds"] == 900
 
 
 def test_chat_and_completions(http: httpx.Client, document: dict[str, Any]) -> None:

@@ -337,6 +337,38 @@ def test_dashboard_shows_models_requests_and_acts(page: Page, screenshots: Path)
     assert httpx.get(f"{server.v1}/models/qwen", headers=AUTH, timeout=10).json()["pinned"] is False
 
 
+def test_dashboard_plots_the_last_minutes_under_load(page: Page, screenshots: Path) -> None:
+    """The charts draw /metrics/history: a new point each second, lines that rise with
+    the load, and a server-side window that stays bounded."""
+    server = page.server
+    page.page.set_viewport_size({"width": 1200, "height": 1400})
+    page.page.click("#tab-dashboard")
+    page.page.wait_for_selector("#chart-tokens")
+    count = "() => (document.querySelector('#chart-requests polyline')?.getAttribute('points')"
+    count += " || '').split(' ').filter(Boolean).length"
+    first = page.page.evaluate(count)
+    load = threading.Thread(target=_load, args=(server, 8))
+    load.start()
+    page.page.wait_for_function(
+        "() => [...document.querySelectorAll('#chart-tokens polyline')].some(l =>"
+        " l.getAttribute('points').split(' ').some(p => Number(p.split(',')[1]) < 80))",
+        timeout=60_000,
+    )  # a point above the zero line (y = 92): tokens flowed
+    page.page.screenshot(path=str(screenshots / "ui-dashboard-charts.png"))
+    load.join()
+    time.sleep(2.5)
+    assert page.page.evaluate(count) >= first + 2  # points keep coming, one a second
+    for chart in ("tokens", "latency", "requests", "memory", "hits"):
+        assert page.page.locator(f"#chart-{chart}").count() == 1
+    assert page.page.locator("#chart-latency polyline[data-series='ttft_p95']").count() >= 1
+    assert page.page.locator("#chart-memory polyline[data-series='memory_active_bytes']").count()
+    history = httpx.get(f"{server.base_url}/metrics/history", headers=AUTH, timeout=10).json()
+    assert history["window_seconds"] == 900 and len(history["points"]) <= 900
+    assert max(p["tokens_per_second"] for p in history["points"]) > 0
+    recent = httpx.get(f"{server.base_url}/metrics/history?seconds=3", headers=AUTH, timeout=10)
+    assert 1 <= len(recent.json()["points"]) <= 4
+
+
 def test_wrong_key_asks_again(browser: Any, ui_server: Server) -> None:
     page = Page(browser, ui_server).open(log_in=False)
     page.page.wait_for_selector("#key-dialog[open]")

@@ -33,17 +33,15 @@ from mlxcore.server.errors import APIError, api_error_handler
 from mlxcore.server.internal import is_internal, new_token
 from mlxcore.server.keys import KeyCollector, KeyTable, current_key, retry_after
 from mlxcore.server.metrics import Metrics
+from mlxcore.server.metrics_routes import metrics, metrics_history, metrics_json
 from mlxcore.server.model_routes import model_routes
 from mlxcore.server.openapi import (
     INTEGER,
-    NUMBER,
     REPLIES_OPTION,
     STRING,
     ModelLimits,
-    array,
     const,
     docs_page,
-    nullable,
     obj,
     openapi_document,
     reply,
@@ -179,55 +177,6 @@ async def root_head() -> None:
     """``HEAD /``: 200, no body (a reachability probe)."""
 
 
-@get(
-    "/metrics",
-    media_type="text/plain; version=0.0.4",
-    opt={REPLIES_OPTION: {200: reply("Prometheus text", STRING, media_type="text/plain")}},
-)
-async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
-    """Prometheus metrics."""
-    metrics_: Metrics = request.app.state.metrics
-    return Response(metrics_.render(), media_type="text/plain; version=0.0.4")
-
-
-_SAMPLE = obj(
-    {"labels": {"type": "object", "additionalProperties": STRING}, "value": nullable(NUMBER)}
-)
-METRICS_JSON = obj(
-    {
-        "object": const("metrics"),
-        "metrics": {"type": "object", "additionalProperties": array(_SAMPLE)},
-        "recent_requests": array(
-            obj(
-                {
-                    "id": STRING,
-                    "model": STRING,
-                    "finished_at": NUMBER,
-                    "finish_reason": STRING,
-                    "prompt_tokens": INTEGER,
-                    "cached_tokens": INTEGER,
-                    "completion_tokens": INTEGER,
-                    "seconds": NUMBER,
-                    "ttft_seconds": nullable(NUMBER),
-                    "tokens_per_second": nullable(NUMBER),
-                }
-            )
-        ),
-    },
-    title="MetricsJSON",
-)
-"""What ``/metrics/json`` answers."""
-
-
-@get("/metrics/json", opt={REPLIES_OPTION: {200: reply("the metrics as JSON", METRICS_JSON)}})
-async def metrics_json(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    """The same metrics as ``/metrics`` as JSON (histogram buckets left out), with the
-    newest finished requests (TTFT, tokens/s, cached share); what the web page's
-    dashboard polls. Read from the registry: nothing is asked of the engine thread."""
-    metrics_: Metrics = request.app.state.metrics
-    return metrics_.as_json()
-
-
 ACCEPT_DRAIN_SECONDS = 1.0
 """After SIGTERM, how long the listening socket keeps accepting (answering 503)."""
 
@@ -327,7 +276,16 @@ def create_app(
     core = RouteTable()
     core.add(
         "mlxcore",
-        [root, root_head, health, health_head, metrics, metrics_json, *model_routes()],
+        [
+            root,
+            root_head,
+            health,
+            health_head,
+            metrics,
+            metrics_json,
+            metrics_history,
+            *model_routes(),
+        ],
     )
     routes = hooks.routes(config, core).handlers
     # built at the first ask, once the default model (and its limits) is loaded
@@ -365,13 +323,14 @@ def create_app(
             if s.service is not None
         ]
         watch = asyncio.ensure_future(_exit_when_engine_fails(app, router))
+        sampler = asyncio.ensure_future(router.metrics.history.run(router.gauges))
         try:
             async with contextlib.AsyncExitStack() as plugins:
                 for lifespan_ in hooks.server_lifespans(app):
                     await plugins.enter_async_context(lifespan_)
                 yield
         finally:
-            for task in [*warm, watch]:
+            for task in [*warm, watch, sampler]:
                 task.cancel()
             await router.stop()
 

@@ -15,6 +15,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from mlxcore.engine.events import FinishEvent
+from mlxcore.server.history import History
 
 PREFIX = "mlxcore"
 MODEL_STATES = ("not_loaded", "loading", "loaded", "failed")
@@ -76,6 +77,8 @@ class Metrics:
         self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds", "TTFT", registry=r)
         self.latency = Histogram(f"{PREFIX}_request_seconds", "request duration", registry=r)
         self._recent: deque[dict[str, Any]] = deque(maxlen=RECENT_REQUESTS)
+        self.history = History()
+        """The last minutes of aggregate figures, once a second (``/metrics/history``)."""
         self._recent_lock = threading.Lock()
         if live is not None:
             self.watch(live)
@@ -113,6 +116,7 @@ class Metrics:
         self.cached_tokens.inc(usage.cached_tokens)
         self.generated_tokens.inc(usage.completion_tokens)
         self.latency.observe(seconds)
+        self.history.finished(usage.prompt_tokens, usage.cached_tokens)
         decode = seconds - ttft if ttft is not None else 0.0
         entry = {
             "id": request_id,

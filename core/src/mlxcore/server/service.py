@@ -257,6 +257,7 @@ class GenerationService:
         when the engine was at fault: a restart, a hang, shutdown) whose message carries
         the request id, never the internal error text (that is in the log)."""
         finished = False
+        last = 0.0  # when this request's previous tokens came (for the inter-token gaps)
         try:
             while True:
                 event = await events.get()
@@ -264,9 +265,13 @@ class GenerationService:
                     if event.prompt_logprobs is not None:
                         gen.prompt_logprobs = event.prompt_logprobs
                     gen.generated += len(event.tokens)
+                    now = time.perf_counter()
                     if gen.first_token_at is None:
-                        gen.first_token_at = time.perf_counter()
-                        self.metrics.ttft.observe(gen.first_token_at - gen.created_at)
+                        gen.first_token_at = now
+                        self.metrics.ttft.observe(now - gen.created_at)
+                        self.metrics.history.first_token(now - gen.created_at)
+                    self.metrics.history.tokens(len(event.tokens), now - last if last else None)
+                    last = now
                     delta = gen.pipeline.push(event.tokens)
                     if gen.pipeline.stop_matched:
                         handle.stop()

@@ -1,6 +1,8 @@
-// The dashboard: /health, /v1/models and /metrics/json, polled while it is on screen.
+// The dashboard: /health, /v1/models, /metrics/json and /metrics/history (charts of the
+// last 15 minutes), polled while it is on screen.
 
 import { AuthError, api } from "./api.js";
+import { drawChart, legend } from "./charts.js";
 
 const $ = (id) => document.getElementById(id);
 const PERIOD_MS = 2000;
@@ -191,6 +193,54 @@ function renderMetrics(health, json) {
   );
 }
 
+const seconds = (v) => (v >= 1 ? `${v.toFixed(1)} s` : `${Math.round(v * 1000)} ms`);
+const CHARTS = [
+  { id: "tokens", title: "Tokens/s (all requests)", format: (v) => v.toFixed(0),
+    series: [{ key: "tokens_per_second", label: "tokens/s" }] },
+  { id: "latency", title: "Latency", format: seconds,
+    series: [{ key: "ttft_p50", label: "TTFT p50" }, { key: "ttft_p95", label: "TTFT p95" },
+             { key: "itl_p95", label: "inter-token p95" }] },
+  { id: "requests", title: "Requests", format: (v) => v.toFixed(0),
+    series: [{ key: "running", label: "running" }, { key: "waiting", label: "waiting" }] },
+  { id: "memory", title: "Memory", format: bytes,
+    series: [{ key: "memory_active_bytes", label: "MLX active" }, { key: "kv_bytes", label: "KV reserved" },
+             { key: "prefix_cache_bytes", label: "prefix cache" }, { key: "expert_cache_bytes", label: "expert cache" }] },
+  { id: "hits", title: "Prefix-cache hit rate (prompt tokens reused)", format: (v) => `${Math.round(v * 100)} %`, max: 1,
+    series: [{ key: "prefix_hit_rate", label: "hit rate" }] },
+];
+
+const WINDOW = 900;
+let points = [];
+let fetchedAt = 0;
+
+/** The history's points: the whole window once, then only what came since (merged). */
+async function history() {
+  const since = points.length ? Math.ceil((Date.now() - fetchedAt) / 1000) + 3 : null;
+  const answer = await api(since ? `/metrics/history?seconds=${since}` : "/metrics/history");
+  fetchedAt = Date.now();
+  const newest = points.length ? points[points.length - 1].t : -Infinity;
+  points = points.concat(answer.points.filter((p) => p.t > newest)).slice(-WINDOW);
+  return { points };
+}
+
+function renderHistory(history) {
+  const box = $("charts");
+  if (!box.children.length) {
+    for (const c of CHARTS) {
+      const figure = el("figure", null, "chart");
+      figure.append(el("h3", c.title));
+      const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+      svg.id = `chart-${c.id}`;
+      svg.setAttribute("role", "img");
+      const list = el("ul", null, "legend");
+      legend(list, c.series);
+      figure.append(svg, list);
+      box.append(figure);
+    }
+  }
+  for (const c of CHARTS) drawChart($(`chart-${c.id}`), history.points, c.series, c.format, c.max);
+}
+
 async function health() {
   // 503 still carries the body (an engine restarting or failed): read it either way
   const response = await fetch("/health");
@@ -199,9 +249,15 @@ async function health() {
 
 export async function refresh() {
   try {
-    const [h, models, json] = await Promise.all([health(), api("/v1/models"), api("/metrics/json")]);
+    const [h, models, json, recent] = await Promise.all([
+      health(),
+      api("/v1/models"),
+      api("/metrics/json"),
+      history(),
+    ]);
     renderModels(models.data);
     renderMetrics(h, json);
+    renderHistory(recent);
     $("dash-status").textContent = `updated ${new Date().toLocaleTimeString()}`;
   } catch (error) {
     $("dash-status").textContent = error.message;
