@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import sys
 import tempfile
 import time
@@ -58,8 +60,24 @@ def lora_args(logs: Path, model: str | None) -> list[str]:
     return ["--plugin", "lora", "--lora", f"{load.ADAPTER}={folder}", "--allow-runtime-lora"]
 
 
+@contextlib.contextmanager
+def offline_hub(logs: Path) -> Any:
+    """The server's Hugging Face Hub: a closed local port and a cache of its own, so the
+    fuzz's pulls fail at once (503) and its deletes can only reach its own files."""
+    saved = {k: os.environ.get(k) for k in ("HF_ENDPOINT", "HF_HOME")}
+    os.environ.update(HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(logs / "hf-home"))
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def run_fuzz(logs: Path, model: str | None, total: int) -> dict[str, Any]:
-    with serving(logs, model, *LORA_ARGS, *SERVE_ARGS) as server:
+    with offline_hub(logs), serving(logs, model, *LORA_ARGS, *SERVE_ARGS) as server:
         before = greedy_reference(server)
         document = httpx.get(f"{server.base_url}/openapi.json", timeout=30).json()
         served = httpx.get(f"{server.base_url}/v1/models", timeout=30).json()["data"][0]["id"]
@@ -88,7 +106,7 @@ def run_contract(logs: Path, model: str | None, examples: int) -> dict[str, Any]
         from mlxcore.testing.models import build_test_model
 
         model = str(build_test_model(contract.DEFAULT_MODEL))
-    with serving(logs, model, *contract.SERVE_FLAGS, *SERVE_ARGS) as server:
+    with offline_hub(logs), serving(logs, model, *contract.SERVE_FLAGS, *SERVE_ARGS) as server:
         before = greedy_reference(server)
         figures, problems = contract.run(server.base_url, logs, examples=examples, seed=2026)
         if greedy_reference(server) != before:

@@ -88,6 +88,12 @@ def test_pull_resumes_a_killed_download_and_a_second_pull_is_a_no_op(
     again = models(env, "pull", REPO)
     assert again.returncode == 0 and "already here" in again.stdout
     assert len(hub.requests) == seen  # not one request: the model is whole here
+    # `mlxcore serve owner/name` resolves through the same cache: no request either
+    code = f"from mlxcore.models.resolve import resolve_model; print(resolve_model({REPO!r}).path)"
+    resolved = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                              text=True, timeout=120)  # fmt: skip
+    assert resolved.stdout.strip() == str(folder), resolved.stderr
+    assert len(hub.requests) == seen
     listed = models(env, "list")
     (row,) = [line for line in listed.stdout.splitlines() if line.startswith(REPO)]
     assert "llama" in row and "core" in row and "MB" in row and "incomplete" not in row

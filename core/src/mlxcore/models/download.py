@@ -13,15 +13,29 @@ tens of GB; :func:`download_repo` keeps what arrived: each file goes to
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import httpx
 
 from mlxcore.errors import ModelLoadError
+from mlxcore.models.folder import is_complete
+
+class DownloadError(ModelLoadError):
+    """A download that failed, with what kind of failure it was (``status``, as HTTP
+    says it: 404 no such repo or file, 503 the Hub cannot be reached, 502 it answered
+    wrongly)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
 
 CHUNK = 1 << 20
 PARTIAL = ".mlxcore-partial"
+
+Progress = Callable[[str, str, int, int], None]
+"""Called as a download goes: ``(file, etag, bytes so far, file size)``."""
 
 
 def _storage(repo_id: str) -> Path:
@@ -32,10 +46,16 @@ def _storage(repo_id: str) -> Path:
 
 
 def download_repo(
-    repo_id: str, patterns: Sequence[str], *, revision: str = "main", progress: bool = True
+    repo_id: str,
+    patterns: Sequence[str],
+    *,
+    revision: str = "main",
+    progress: bool = True,
+    on_progress: Progress | None = None,
 ) -> Path:
     """Fetch the files of ``repo_id`` matching ``patterns`` into the Hugging Face cache,
-    resuming any file a previous run left part-way; return the snapshot folder.
+    resuming any file a previous run left part-way; return the snapshot folder
+    (``progress``: bars on the terminal; ``on_progress``: told of every chunk).
 
     Raises:
         ModelLoadError: the repo or a file cannot be had (named), or a file arrived with
@@ -49,26 +69,55 @@ def download_repo(
     try:
         info = api.model_info(repo_id, revision=revision)
     except HfHubHTTPError as exc:
-        raise ModelLoadError(f"cannot get {repo_id} from the Hub: {exc}") from exc
-    except httpx.HTTPError as exc:
-        raise ModelLoadError(f"cannot reach the Hub for {repo_id}: {exc}") from exc
+        status = exc.response.status_code if exc.response is not None else 502
+        kind = 404 if status in (401, 403, 404) else 502
+        raise DownloadError(f"cannot get {repo_id} from the Hub: {exc}", kind) from exc
+    except (httpx.HTTPError, OSError) as exc:
+        raise DownloadError(f"cannot reach the Hub for {repo_id}: {exc}", 503) from exc
     commit = info.sha
     if not commit:
-        raise ModelLoadError(f"the Hub gave no revision for {repo_id}")
+        raise DownloadError(f"the Hub gave no revision for {repo_id}", 502)
     names = [s.rfilename for s in info.siblings or []]
     wanted = list(filter_repo_objects(names, allow_patterns=list(patterns)))
     storage = _storage(repo_id)
     snapshot = storage / "snapshots" / commit
     for name in wanted:
-        _fetch(repo_id, commit, name, storage, snapshot, progress)
+        _fetch(repo_id, commit, name, storage, snapshot, progress, on_progress)
     refs = storage / "refs"
     refs.mkdir(parents=True, exist_ok=True)
     (refs / revision).write_text(commit)
     return snapshot
 
 
+def cached_or_downloaded(
+    repo_id: str,
+    patterns: Sequence[str],
+    *,
+    progress: bool = True,
+    on_progress: Progress | None = None,
+) -> tuple[Path, bool]:
+    """``repo_id``'s folder from the Hugging Face cache when it is whole there (no
+    network at all), else from :func:`download_repo`; and whether it was downloaded."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        here = Path(snapshot_download(repo_id, allow_patterns=list(patterns), local_files_only=True))
+        if is_complete(here):
+            return here, False
+    except LocalEntryNotFoundError:
+        pass
+    return download_repo(repo_id, patterns, progress=progress, on_progress=on_progress), True
+
+
 def _fetch(
-    repo_id: str, commit: str, name: str, storage: Path, snapshot: Path, progress: bool
+    repo_id: str,
+    commit: str,
+    name: str,
+    storage: Path,
+    snapshot: Path,
+    progress: bool,
+    on_progress: Progress | None,
 ) -> None:
     """One file: its blob (resumed from the partial one) and the snapshot's link to it."""
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
@@ -81,22 +130,36 @@ def _fetch(
     url = hf_hub_url(repo_id, name, revision=commit)
     try:
         meta = get_hf_file_metadata(url)
-    except (HfHubHTTPError, httpx.HTTPError) as exc:
-        raise ModelLoadError(f"cannot get {name} of {repo_id}: {exc}") from exc
+    except (HfHubHTTPError, httpx.HTTPError, OSError) as exc:
+        raise DownloadError(f"cannot get {name} of {repo_id}: {exc}", 503) from exc
     if not meta.etag or meta.size is None:
-        raise ModelLoadError(f"the Hub gave no etag or size for {name} of {repo_id}")
+        raise DownloadError(f"the Hub gave no etag or size for {name} of {repo_id}", 502)
     blob = storage / "blobs" / meta.etag
     blob.parent.mkdir(parents=True, exist_ok=True)
-    if not blob.is_file() or blob.stat().st_size != meta.size:
+    etag, size = meta.etag, meta.size
+
+    def told(done: int) -> None:
+        if on_progress is not None:
+            on_progress(name, etag, done, size)
+
+    if not blob.is_file() or blob.stat().st_size != size:
         partial = blob.with_name(blob.name + PARTIAL)
-        _transfer(meta.location or url, partial, meta.size, build_hf_headers(), name, progress)
+        _transfer(meta.location or url, partial, size, build_hf_headers(), name, progress, told)
         partial.replace(blob)
+    else:
+        told(size)
     link.parent.mkdir(parents=True, exist_ok=True)
     link.symlink_to(os.path.relpath(blob, link.parent))
 
 
 def _transfer(
-    url: str, partial: Path, size: int, headers: dict[str, str], name: str, progress: bool
+    url: str,
+    partial: Path,
+    size: int,
+    headers: dict[str, str],
+    name: str,
+    progress: bool,
+    told: Callable[[int], None],
 ) -> None:
     """Append the rest of ``url`` to ``partial`` (everything when the server ignores the
     range) until it holds ``size`` bytes."""
@@ -114,18 +177,24 @@ def _transfer(
         try:
             with httpx.stream("GET", url, headers=ask, follow_redirects=True, timeout=60) as r:
                 if r.status_code not in (200, 206):
-                    raise ModelLoadError(f"cannot download {name}: HTTP {r.status_code}")
+                    raise DownloadError(f"cannot download {name}: HTTP {r.status_code}", 502)
                 mode = "ab" if r.status_code == 206 else "wb"
                 if mode == "wb":
                     bar.reset(total=size)
+                done = have if mode == "ab" else 0
+                told(done)
                 with partial.open(mode) as out:
                     for chunk in r.iter_bytes(CHUNK):
                         out.write(chunk)
                         bar.update(len(chunk))
+                        done += len(chunk)
+                        told(done)
         except httpx.HTTPError as exc:
-            raise ModelLoadError(f"download of {name} broke off ({exc}); run it again to resume") from exc
+            message = f"download of {name} broke off ({exc}); run it again to resume"
+            raise DownloadError(message, 503) from exc
         finally:
             bar.close()
     got = partial.stat().st_size
     if got != size:
-        raise ModelLoadError(f"{name}: got {got} bytes, the Hub announced {size}; run it again")
+        message = f"{name}: got {got} bytes, the Hub announced {size}; run it again"
+        raise DownloadError(message, 502)

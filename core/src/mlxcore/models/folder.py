@@ -192,3 +192,20 @@ def read_weight_keys(path: Path) -> frozenset[str]:
     for file in sorted(Path(path).glob("*.safetensors")):
         keys.update(read_safetensors_header(file))
     return frozenset(keys)
+
+
+def is_complete(path: Path) -> bool:
+    """Whether ``path`` holds a whole model: ``config.json``, a tokenizer, and every
+    weight file its index names (or one ``model.safetensors``)."""
+    if not (path / "config.json").is_file():
+        return False
+    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+        return False
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            names = set(json.loads(index.read_text())["weight_map"].values())
+        except (OSError, ValueError, KeyError, AttributeError):
+            return False
+        return all((path / name).is_file() for name in names)
+    return (path / "model.safetensors").is_file() or any(path.glob("model*.safetensors"))

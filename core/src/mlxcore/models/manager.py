@@ -20,7 +20,8 @@ from typing import Any
 import attrs
 
 from mlxcore.errors import ModelLoadError
-from mlxcore.models.folder import read_config
+from mlxcore.models.download import Progress, cached_or_downloaded
+from mlxcore.models.folder import is_complete, read_config
 from mlxcore.models.resolve import HF_ALLOW_PATTERNS, default_models_dir
 
 log = logging.getLogger(__name__)
@@ -112,23 +113,6 @@ def _folder_size(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def is_complete(path: Path) -> bool:
-    """Whether ``path`` holds a whole model: ``config.json``, a tokenizer, and every
-    weight file its index names (or one ``model.safetensors``)."""
-    if not (path / "config.json").is_file():
-        return False
-    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
-        return False
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            names = set(json.loads(index.read_text())["weight_map"].values())
-        except (OSError, ValueError, KeyError, AttributeError):
-            return False
-        return all((path / name).is_file() for name in names)
-    return (path / "model.safetensors").is_file() or any(path.glob("model*.safetensors"))
-
-
 def _config(path: Path) -> dict[str, Any]:
     try:
         return read_config(path)
@@ -193,28 +177,19 @@ def find(name: str) -> LocalModel:
     raise ModelLoadError(f"no local model {name!r} (models here: {known})")
 
 
-def pull(repo_id: str, *, progress: bool = True) -> tuple[Path, bool]:
+def pull(
+    repo_id: str, *, progress: bool = True, on_progress: Progress | None = None
+) -> tuple[Path, bool]:
     """Download ``repo_id`` into the Hugging Face cache; return its folder and whether
     anything was fetched. A model already there whole is not asked for again (no
     network at all); a download cut short resumes where it stopped
     (:mod:`mlxcore.models.download`)."""
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
-
-    from mlxcore.models.download import download_repo
-
-    try:
-        here = Path(
-            snapshot_download(repo_id, allow_patterns=HF_ALLOW_PATTERNS, local_files_only=True)
-        )
-        if is_complete(here):
-            return here, False
-    except LocalEntryNotFoundError:
-        pass
-    folder = download_repo(repo_id, HF_ALLOW_PATTERNS, progress=progress)
+    folder, fetched = cached_or_downloaded(
+        repo_id, HF_ALLOW_PATTERNS, progress=progress, on_progress=on_progress
+    )
     if not is_complete(folder):
         raise ModelLoadError(f"{repo_id} has no complete MLX model (config, tokenizer, weights)")
-    return folder, True
+    return folder, fetched
 
 
 def remove(model: LocalModel) -> int:

@@ -133,9 +133,15 @@ def _download_repo(repo_id: str) -> Path:
     )
 
     offline = _env_true("HF_HUB_OFFLINE") or _env_true("TRANSFORMERS_OFFLINE")
+    if not offline:
+        here = _downloaded(repo_id)
+        if here is not None:
+            return here
     try:
+        # the files here are whole (above) or the Hub is out of reach (the download
+        # said 503): the cache has the last word
         folder = snapshot_download(
-            repo_id, allow_patterns=HF_ALLOW_PATTERNS, local_files_only=offline
+            repo_id, allow_patterns=HF_ALLOW_PATTERNS, local_files_only=True
         )
     except GatedRepoError as exc:
         raise ModelLoadError(
@@ -161,6 +167,25 @@ def _download_repo(repo_id: str) -> Path:
     except (HfHubHTTPError, OSError, ValueError) as exc:
         raise ModelLoadError(f"cannot download Hugging Face repo {repo_id}: {exc}") from exc
     return Path(folder)
+
+
+def _downloaded(repo_id: str) -> Path | None:
+    """``repo_id`` from the cache when whole there, else downloaded (resuming a download
+    cut short: :mod:`mlxcore.models.download`), or ``None`` when the Hub cannot be
+    reached (the caller falls back on whatever the cache has)."""
+    from mlxcore.models.download import DownloadError, cached_or_downloaded
+
+    try:
+        return cached_or_downloaded(repo_id, HF_ALLOW_PATTERNS)[0]
+    except DownloadError as exc:
+        if exc.status == 404:
+            raise ModelLoadError(
+                f"Hugging Face repo {repo_id} was not found (or is private or gated; set "
+                "HF_TOKEN and accept its terms), and it is not a local folder"
+            ) from exc
+        if exc.status == 503:
+            return None
+        raise
 
 
 # --------------------------------------------------------------------------- GGUF

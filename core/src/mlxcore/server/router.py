@@ -71,6 +71,8 @@ class ModelSlot:
     unloads: int = 0
     pin: bool | None = None
     """Pinned or not by the admin routes since start-up (``None``: as models.toml says)."""
+    added: bool = False
+    """Added while serving (:meth:`ModelRouter.add`), not configured at start-up."""
 
     @property
     def pinned(self) -> bool:
@@ -141,6 +143,28 @@ class ModelRouter:
         the loaded models serve."""
         names = [name for slot in self.slots for name in slot.spec.names]
         return names + [name for _, name in self.adapters()]
+
+    def add(self, spec: ModelSpec) -> ModelSlot:
+        """Serve one more model from now on (not loaded until asked for, as the
+        configured ones): what a front end's pull adds (Ollama's ``/api/pull``). A name
+        already served is a :class:`ValueError`."""
+        taken = [name for name in spec.names if name in self._by_name]
+        if taken:
+            raise ValueError(f"the model name {taken[0]!r} is already served")
+        slot = ModelSlot(spec, added=True)
+        slot.footprint = estimate_weights(spec)
+        self.slots.append(slot)
+        for name in spec.names:
+            self._by_name[name] = slot
+        return slot
+
+    def remove(self, slot: ModelSlot) -> None:
+        """Stop serving a model :meth:`add` added (it must not be loaded)."""
+        if not slot.added or slot.state == LOADED or slot.loading is not None:
+            raise ValueError(f"the model {slot.spec.name!r} cannot be removed now")
+        self.slots.remove(slot)
+        for name in slot.spec.names:
+            self._by_name.pop(name, None)
 
     def find(self, name: str) -> ModelSlot | None:
         """The model ``name`` (or an alias) names exactly, or ``None``."""

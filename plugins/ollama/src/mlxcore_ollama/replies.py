@@ -103,6 +103,12 @@ SHOW = obj(
     title="OllamaShow",
 )
 VERSION = obj({"version": STRING}, title="OllamaVersion")
+PROGRESS = obj(
+    {"status": STRING},
+    {"digest": STRING, "total": INTEGER, "completed": INTEGER},
+    title="OllamaProgress",
+)
+STATUS = obj({"status": STRING}, title="OllamaStatus")
 
 
 def streamed(description: str, schema: dict[str, Any]) -> dict[str, Any]:

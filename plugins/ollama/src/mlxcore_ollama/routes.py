@@ -20,7 +20,7 @@ from mlxcore.server.frontend import decode_request, unless_disconnected
 from mlxcore.server.openapi import BODY_OPTION, REPLIES_OPTION
 from mlxcore.server.service import GenerationService, collect
 from mlxcore.server.sse import event_stream
-from mlxcore_ollama import convert, embed, models
+from mlxcore_ollama import convert, embed, manage, models
 from mlxcore_ollama.encode import created_at, done_reason, error_line, line, timings, tool_calls
 from mlxcore_ollama.replies import CHAT, GENERATE, NDJSON, streamed
 from mlxcore_ollama.schemas import ChatRequest, GenerateRequest, GenerationFields, Message
@@ -214,6 +214,6 @@ def ollama_router() -> Router:
     """The ``/api`` router with Ollama's routes and Ollama-shaped errors."""
     return Router(
         path="/api",
-        route_handlers=[chat, generate, *embed.HANDLERS, *models.HANDLERS],
+        route_handlers=[chat, generate, *embed.HANDLERS, *models.HANDLERS, *manage.HANDLERS],
         exception_handlers={Exception: ollama_errors},
     )

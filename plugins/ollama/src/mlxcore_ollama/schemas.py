@@ -90,3 +90,19 @@ class ShowRequest(msgspec.Struct, kw_only=True):
     model: str | None = None
     name: str | None = None
     verbose: bool = False
+
+
+class PullRequest(msgspec.Struct, kw_only=True):
+    """``POST /api/pull`` (``model``: a Hugging Face repo id; ``name``: older spelling)."""
+
+    model: str | None = None
+    name: str | None = None
+    insecure: bool = False
+    stream: bool = True
+
+
+class DeleteRequest(msgspec.Struct, kw_only=True):
+    """``DELETE /api/delete``."""
+
+    model: str | None = None
+    name: str | None = None
