@@ -157,6 +157,11 @@ def test_embed_returns_unit_vectors_and_the_old_route_one_vector(client: ollama.
     assert len(out.embeddings) == 2 and out.embeddings[0] != out.embeddings[1]
     for vector in out.embeddings:
         assert abs(sum(x * x for x in vector) - 1.0) < 1e-4
+    cut = client.embed(model=MODEL, input="hello", dimensions=8)
+    assert len(cut.embeddings[0]) == 8
+    with pytest.raises(ollama.ResponseError) as err:
+        client.embed(model=MODEL, input="hello", dimensions=2**64)
+    assert err.value.status_code == 400 and "dimensions" in err.value.error
     single = client.embeddings(model=MODEL, prompt="hello")
     norm = sum(x * x for x in single.embedding) ** 0.5
     assert [round(x / norm, 5) for x in single.embedding] == [

@@ -10,6 +10,7 @@ from typing import Any
 
 from litestar import Request, post
 
+from mlxcore.builtin.openai.embeddings import check_dimensions
 from mlxcore.embeddings import EmbeddingError
 from mlxcore.engine.engine import EngineOverloaded, EngineUnavailable
 from mlxcore.request_builder import check_prompt_size
@@ -90,6 +91,9 @@ async def embed(request: Request[Any, Any, Any]) -> dict[str, Any]:
     if len(texts) > MAX_INPUTS:
         raise invalid(f"at most {MAX_INPUTS} inputs per request, got {len(texts)}", "input")
     svc = await models.service(request, body.model, task=None)
+    if svc.adapter is not None:
+        raise invalid("a LoRA adapter has no embeddings of its own: use the base model", "model")
+    check_dimensions(svc, body.dimensions)
     vectors, tokens = await _vectors(request, svc, texts, body.truncate, body.dimensions)
     return {
         "model": body.model,

@@ -92,7 +92,8 @@ def _is_token(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _check_dimensions(svc: GenerationService, dimensions: int | None) -> None:
+def check_dimensions(svc: GenerationService, dimensions: int | None) -> None:
+    """A 400 unless ``dimensions`` (when given) is between 1 and the model's width."""
     if dimensions is None:
         return
     try:
@@ -126,7 +127,7 @@ async def create_embeddings(request: Request[Any, Any, Any]) -> dict[str, Any]:
             f"{body.model!r} is a LoRA adapter: embeddings come from the base model's name",
             "model",
         )
-    _check_dimensions(svc, body.dimensions)
+    check_dimensions(svc, body.dimensions)
     inputs = await svc.prepare(_inputs, svc, body)
     try:
         job = svc.runtime.embed(inputs, pooling=svc.pooling, dimensions=body.dimensions)
