@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from mlxcore.testing.hub import LocalHub
 from mlxcore.testing.server import Server, ServerFactory
 from mlxcore_ui.browser import CHROMIUM_ARGS, chromium_path
 
@@ -23,30 +24,49 @@ API_KEY = "ui-test-key"
 """The key ``ui_server`` asks for (the tests spell it out too)."""
 
 
+PULLED = "tester/pulled-llama"
+"""The repo the stand-in Hub of ``ui_server`` offers (for the page's "Get a model")."""
+
+
+@pytest.fixture(scope="module")
+def ui_hub(tiny_llama: Path) -> Iterator[LocalHub]:
+    """A local stand-in for the Hugging Face Hub with one repo, :data:`PULLED`."""
+    hub = LocalHub({PULLED: tiny_llama})
+    yield hub
+    hub.close()
+
+
 @pytest.fixture(scope="module")
 def ui_server(
     mlxcore_server: ServerFactory,
     tiny_qwen3: Path,
     tiny_llama: Path,
+    ui_hub: LocalHub,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Server:
     """Two chat models (``qwen``, the default, and ``llama``), both scripted (a request's
-    ``test_script`` is what the model writes), behind an API key."""
-    config = tmp_path_factory.mktemp("ui-models") / "models.toml"
+    ``test_script`` is what the model writes), behind an API key; its Hugging Face Hub
+    is ``ui_hub`` (and a cache of its own)."""
+    folder = tmp_path_factory.mktemp("ui-models")
+    config = folder / "models.toml"
     config.write_text(
         f'[models.llama]\nsource = "{tiny_llama}"\nplugins = ["mlxcore.testing.scripted"]\n'
     )
-    return mlxcore_server(
-        tiny_qwen3,
-        "--served-model-name",
-        "qwen",
-        "--plugin",
-        "mlxcore.testing.scripted",
-        "--models-config",
-        str(config),
-        "--api-key",
-        API_KEY,
-    )
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("HF_ENDPOINT", ui_hub.url)
+        env.setenv("HF_HOME", str(folder / "hf"))
+        env.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+        return mlxcore_server(
+            tiny_qwen3,
+            "--served-model-name",
+            "qwen",
+            "--plugin",
+            "mlxcore.testing.scripted",
+            "--models-config",
+            str(config),
+            "--api-key",
+            API_KEY,
+        )
 
 
 @pytest.fixture(scope="module")

@@ -369,6 +369,42 @@ def test_dashboard_plots_the_last_minutes_under_load(page: Page, screenshots: Pa
     assert 1 <= len(recent.json()["points"]) <= 4
 
 
+def test_get_a_model_with_progress_then_remove_it(page: Page, ui_hub: Any) -> None:
+    """The dashboard's "Get a model": the pull's progress shows, the model joins the
+    table (served: it answers), and its Remove button deletes it again."""
+    (pulled,) = ui_hub.repos
+
+    page.page.click("#tab-dashboard")
+    page.page.wait_for_selector("#models tbody tr td")
+    page.page.fill("#pull-repo", pulled)
+    page.page.click("#pull-button")
+    page.page.wait_for_function(
+        "() => document.querySelector('#pull-status').textContent.includes('pulled and served')",
+        timeout=60_000,
+    )
+    assert page.page.locator("#pull-progress").get_attribute("hidden") is None
+    assert page.page.evaluate("() => document.querySelector('#pull-progress').value") == 1
+    page.page.wait_for_selector(f"button[aria-label='Remove {pulled}']")
+    answer = httpx.post(f"{page.server.v1}/chat/completions", headers=AUTH, timeout=60, json={
+        "model": pulled, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+    })  # fmt: skip
+    assert answer.status_code == 200
+    page.page.click(f"button[aria-label='Unload {pulled}']")
+    page.page.click(f"button[aria-label='Remove {pulled}']")
+    page.page.wait_for_function(
+        "() => document.querySelector('#pull-status').textContent.endsWith('removed')",
+        timeout=30_000,
+    )
+    page.page.wait_for_function(
+        f"() => !document.querySelector('#models').textContent.includes('{pulled}')"
+    )
+    page.page.fill("#pull-repo", "tester/not-on-the-hub")
+    page.page.click("#pull-button")
+    page.page.wait_for_function(
+        "() => document.querySelector('#pull-status').textContent.includes('not-on-the-hub:')"
+    )
+
+
 def test_wrong_key_asks_again(browser: Any, ui_server: Server) -> None:
     page = Page(browser, ui_server).open(log_in=False)
     page.page.wait_for_selector("#key-dialog[open]")

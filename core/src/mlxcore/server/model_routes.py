@@ -36,6 +36,7 @@ _STATE = {
     "task": STRING,
     "pinned": BOOLEAN,
     "memory_bytes": INTEGER,
+    "added": BOOLEAN,
 }
 MODEL_STATE = obj(
     {"id": STRING, "object": const("model"), **_STATE}, {"error": STRING}, title="ModelState"
@@ -127,9 +128,24 @@ def _known(router: ModelRouter, model_id: str) -> ModelSlot:
     return slot
 
 
-@get("/v1/models/{model_id:str}", opt={REPLIES_OPTION: {200: reply("the model", MODEL)}})
-async def retrieve_model(request: Request[Any, Any, Any], model_id: str) -> dict[str, Any]:
+def _paths(suffix: str = "") -> list[str]:
+    """A model route's paths: for a name, and for a Hugging Face style ``owner/name``."""
+    return [
+        f"/v1/models/{{model_id:str}}{suffix}",
+        f"/v1/models/{{owner:str}}/{{model_id:str}}{suffix}",
+    ]
+
+
+def _name(model_id: str, owner: str | None) -> str:
+    return model_id if owner is None else f"{owner}/{model_id}"
+
+
+@get(_paths(), opt={REPLIES_OPTION: {200: reply("the model", MODEL)}})
+async def retrieve_model(
+    request: Request[Any, Any, Any], model_id: str, owner: str | None = None
+) -> dict[str, Any]:
     """One model (or alias) by name."""
+    model_id = _name(model_id, owner)
     router = _router(request)
     if router.find(model_id) is None and (base := router.find_adapter(model_id)) is not None:
         return _adapter_entry(router, base, model_id)
@@ -138,31 +154,35 @@ async def retrieve_model(request: Request[Any, Any, Any], model_id: str) -> dict
 
 
 @post(
-    "/v1/models/{model_id:str}/load",
+    _paths("/load"),
     status_code=200,
     opt={REPLIES_OPTION: {200: reply("loaded", MODEL_STATE)}},
 )
-async def load_model(request: Request[Any, Any, Any], model_id: str) -> dict[str, Any]:
+async def load_model(
+    request: Request[Any, Any, Any], model_id: str, owner: str | None = None
+) -> dict[str, Any]:
     """Load a model now (after a failure too); answers once it is loaded."""
     router = _router(request)
-    slot = _known(router, model_id)
+    slot = _known(router, _name(model_id, owner))
     await router.load(slot, retry=True)
     return {"id": slot.spec.name, "object": "model", **router.describe(slot)}
 
 
 @post(
-    "/v1/models/{model_id:str}/unload",
+    _paths("/unload"),
     status_code=200,
     opt={
         REPLIES_OPTION: {200: reply("unloaded", MODEL_STATE)},
         ERRORS_OPTION: {409: "the model has requests in flight"},
     },
 )
-async def unload_model(request: Request[Any, Any, Any], model_id: str) -> dict[str, Any]:
+async def unload_model(
+    request: Request[Any, Any, Any], model_id: str, owner: str | None = None
+) -> dict[str, Any]:
     """Unload a model that is not in use (409 while it has requests in flight; a pinned
     model can be unloaded only this way)."""
     router = _router(request)
-    slot = _known(router, model_id)
+    slot = _known(router, _name(model_id, owner))
     if not await router.unload(slot, "asked through the admin route"):
         raise APIError(
             409,
@@ -180,24 +200,28 @@ def _set_pin(request: Request[Any, Any, Any], model_id: str, pinned: bool) -> di
 
 
 @post(
-    "/v1/models/{model_id:str}/pin",
+    _paths("/pin"),
     status_code=200,
     opt={REPLIES_OPTION: {200: reply("pinned", MODEL_STATE)}},
 )
-async def pin_model(request: Request[Any, Any, Any], model_id: str) -> dict[str, Any]:
+async def pin_model(
+    request: Request[Any, Any, Any], model_id: str, owner: str | None = None
+) -> dict[str, Any]:
     """Pin a model until the server stops: it is never unloaded to make room or for
     idleness (the unload route still unloads it)."""
-    return _set_pin(request, model_id, True)
+    return _set_pin(request, _name(model_id, owner), True)
 
 
 @post(
-    "/v1/models/{model_id:str}/unpin",
+    _paths("/unpin"),
     status_code=200,
     opt={REPLIES_OPTION: {200: reply("unpinned", MODEL_STATE)}},
 )
-async def unpin_model(request: Request[Any, Any, Any], model_id: str) -> dict[str, Any]:
+async def unpin_model(
+    request: Request[Any, Any, Any], model_id: str, owner: str | None = None
+) -> dict[str, Any]:
     """Unpin a model (models.toml's ``pinned`` included) until the server stops."""
-    return _set_pin(request, model_id, False)
+    return _set_pin(request, _name(model_id, owner), False)
 
 
 def model_routes() -> list[HTTPRouteHandler]:

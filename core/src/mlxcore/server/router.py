@@ -431,6 +431,7 @@ class ModelRouter:
             "pinned": slot.pinned,
             # the weights' bytes: measured once loaded, estimated from the files before
             "memory_bytes": slot.footprint,
+            "added": slot.added,
         }
         if slot.state == FAILED:
             out["error"] = slot.error

@@ -28,11 +28,41 @@ async function failure(response) {
   try {
     const body = await response.json();
     if (body && body.error && typeof body.error.message === "string") message = body.error.message;
+    else if (body && typeof body.error === "string") message = body.error; // Ollama's routes
   } catch (_) {
     // not JSON: keep the status line
   }
   if (response.status === 401) return new AuthError(message);
   return new Error(message);
+}
+
+/** Send JSON and call onLine(object) for each line of the NDJSON answer (Ollama's
+ * streams, e.g. /api/pull's progress); a line with an `error` ends it with that error. */
+export async function streamLines(path, { method = "POST", body, signal } = {}, onLine) {
+  const response = await fetch(path, {
+    method,
+    headers: headers({ "Content-Type": "application/json" }),
+    body: JSON.stringify(body),
+    signal,
+  });
+  if (!response.ok) throw await failure(response);
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (value) buffer += decoder.decode(value, { stream: true });
+    let cut;
+    while ((cut = buffer.indexOf("\n")) >= 0) {
+      const text = buffer.slice(0, cut).trim();
+      buffer = buffer.slice(cut + 1);
+      if (!text) continue;
+      const line = JSON.parse(text);
+      if (line.error) throw new Error(line.error);
+      onLine(line);
+    }
+    if (done) return;
+  }
 }
 
 /** GET or POST JSON; throws AuthError on 401 and Error with the server's message otherwise. */

@@ -3,6 +3,7 @@
 
 import { AuthError, api } from "./api.js";
 import { drawChart, legend } from "./charts.js";
+import { initPulls, removeButton } from "./pulls.js";
 
 const $ = (id) => document.getElementById(id);
 const PERIOD_MS = 2000;
@@ -85,7 +86,9 @@ function modelAction(model, action, label) {
   button.addEventListener("click", async () => {
     button.disabled = true;
     try {
-      await api(`/v1/models/${encodeURIComponent(model.id)}/${action}`, { method: "POST", body: {} });
+      // a Hugging Face style owner/name keeps its slash: the route takes two segments
+      const path = model.id.split("/").map(encodeURIComponent).join("/");
+      await api(`/v1/models/${path}/${action}`, { method: "POST", body: {} });
     } catch (error) {
       $("dash-status").textContent = `${label} ${model.id}: ${error.message}`;
       if (error instanceof AuthError) onAuth();
@@ -102,6 +105,7 @@ function renderModels(models) {
       if (m.state === "loaded") actions.append(modelAction(m, "unload", "Unload"));
       else if (m.state !== "loading") actions.append(modelAction(m, "load", "Load"));
       actions.append(modelAction(m, m.pinned ? "unpin" : "pin", m.pinned ? "Unpin" : "Pin"));
+      if (m.added && m.state !== "loaded") actions.append(removeButton(m, refresh, onAuth));
     }
     return [
       m.id,
@@ -281,4 +285,5 @@ export function stopDashboard() {
 
 export function initDashboard(authNeeded) {
   onAuth = authNeeded;
+  initPulls(() => refresh(), () => onAuth());
 }
