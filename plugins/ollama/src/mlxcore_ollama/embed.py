@@ -3,7 +3,6 @@ older ``POST /api/embeddings`` (one prompt, one vector as the model gives it).""
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from typing import Any
@@ -11,11 +10,10 @@ from typing import Any
 from litestar import Request, post
 
 from mlxcore.builtin.openai.embeddings import check_dimensions
-from mlxcore.embeddings import EmbeddingError
-from mlxcore.engine.engine import EngineOverloaded, EngineUnavailable
+from mlxcore.builtin.openai.embeddings import embed as embed_job
 from mlxcore.request_builder import check_prompt_size
-from mlxcore.server.errors import APIError, invalid, overloaded
-from mlxcore.server.frontend import decode_body, unless_disconnected
+from mlxcore.server.errors import APIError, invalid
+from mlxcore.server.frontend import decode_body
 from mlxcore.server.openapi import BODY_OPTION, REPLIES_OPTION, reply
 from mlxcore.server.service import GenerationService
 from mlxcore_ollama import models
@@ -55,19 +53,7 @@ async def _vectors(
 ) -> tuple[list[list[float]], int]:
     """The embeddings of ``texts`` and their token count, computed as an engine job."""
     inputs = await svc.prepare(_token_ids, svc, texts, truncate)
-    try:
-        job = svc.runtime.embed(inputs, pooling=svc.pooling, dimensions=dimensions)
-    except (EngineOverloaded, EngineUnavailable) as exc:
-        svc.metrics.rejected.labels(reason="overloaded").inc()
-        raise overloaded(str(exc)) from None
-    try:
-        vectors = await unless_disconnected(request, asyncio.wrap_future(job.future))
-    except EmbeddingError as exc:
-        raise invalid(str(exc), "model") from None
-    except (EngineOverloaded, EngineUnavailable) as exc:
-        raise overloaded(str(exc)) from None
-    finally:
-        job.cancel()
+    vectors = await embed_job(request, svc, inputs, dimensions)
     return vectors, sum(len(ids) for ids in inputs)
 
 

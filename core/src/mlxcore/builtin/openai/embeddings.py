@@ -104,6 +104,33 @@ def check_dimensions(svc: GenerationService, dimensions: int | None) -> None:
         raise invalid(f"dimensions must be between 1 and {width} for this model", "dimensions")
 
 
+async def embed(
+    request: Request[Any, Any, Any],
+    svc: GenerationService,
+    inputs: list[list[int]],
+    dimensions: int | None,
+) -> list[list[float]]:
+    """The vectors of ``inputs`` (token ids each), computed as an engine job: a 503 with
+    Retry-After when the engine is full or restarting, a 400 when the model cannot embed;
+    the job is cancelled when the client goes away. Every front end's embeddings."""
+    try:
+        job = svc.runtime.embed(inputs, pooling=svc.pooling, dimensions=dimensions)
+    except (EngineOverloaded, EngineUnavailable) as exc:
+        svc.metrics.rejected.labels(reason="overloaded").inc()
+        raise overloaded(str(exc)) from None
+    try:
+        vectors: list[list[float]] = await unless_disconnected(
+            request, asyncio.wrap_future(job.future)
+        )
+    except EmbeddingError as exc:
+        raise invalid(str(exc), "model") from None
+    except (EngineOverloaded, EngineUnavailable) as exc:  # waited too long; a fault
+        raise overloaded(str(exc)) from None
+    finally:
+        job.cancel()  # a no-op once it ended; stops it when the client went away
+    return vectors
+
+
 def _encode(vector: list[float], encoding: str) -> list[float] | str:
     if encoding == "base64":  # little-endian float32, as OpenAI's client decodes it
         return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
@@ -129,19 +156,7 @@ async def create_embeddings(request: Request[Any, Any, Any]) -> dict[str, Any]:
         )
     check_dimensions(svc, body.dimensions)
     inputs = await svc.prepare(_inputs, svc, body)
-    try:
-        job = svc.runtime.embed(inputs, pooling=svc.pooling, dimensions=body.dimensions)
-    except (EngineOverloaded, EngineUnavailable) as exc:
-        svc.metrics.rejected.labels(reason="overloaded").inc()
-        raise overloaded(str(exc)) from None
-    try:
-        vectors = await unless_disconnected(request, asyncio.wrap_future(job.future))
-    except EmbeddingError as exc:
-        raise invalid(str(exc), "model") from None
-    except (EngineOverloaded, EngineUnavailable) as exc:  # waited too long; a fault
-        raise overloaded(str(exc)) from None
-    finally:
-        job.cancel()  # a no-op once it ended; stops it when the client went away
+    vectors = await embed(request, svc, inputs, body.dimensions)
     tokens = sum(len(ids) for ids in inputs)
     return {
         "object": "list",
