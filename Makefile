@@ -56,7 +56,7 @@ test-long: setup
 # The web page's screenshots in docs/images, taken by its browser tests (headless Chromium).
 ui-screenshots: setup
 	MLXCORE_UI_SCREENSHOTS=$(CURDIR)/docs/images $(PY) scripts/pytest-openblas -q \
-	    tests/plugins/ui/test_ui_browser.py -k "markdown_answer or dashboard"
+	    tests/plugins/ui/test_ui_browser.py -k "markdown_answer or dashboard or get_a_model"
 
 # The reliability suite (not part of `make test`): fuzz, the OpenAPI contract, 200/500-connection waves, a
 # disconnect storm, fault injection and a 10-minute soak; ARGS=--smoke for a 2-minute subset.

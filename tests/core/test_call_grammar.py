@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from mlxcore.parsers.base import ToolParser
 from mlxcore.parsers.qwen import HermesToolParser, Qwen3CoderToolParser
-from mlxcore.request_builder import Constraint
+from mlxcore.request_builder import OutputConstraint
 from mlxcore.structured import compiled_tokenizer
 from mlxcore.structured.call_grammar import (
     GrammarKit,
@@ -285,7 +285,7 @@ def test_any_tool_schema_gives_a_grammar_or_a_named_fallback(
     tools = [{"type": "function", "function": {"name": name or "f", "parameters": parameters}}]
     current = None
     if mode != "auto":
-        current = Constraint(
+        current = OutputConstraint(
             None, tool_mode=mode, tool_name=name or "f" if mode == "named" else None
         )
     with caplog.at_level(logging.DEBUG, logger="mlxcore.tool_grammar"):

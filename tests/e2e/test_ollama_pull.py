@@ -87,3 +87,15 @@ def test_bad_pulls_and_deletes_are_ollama_errors(
     with pytest.raises(ollama.ResponseError) as err:
         getattr(client, call)(name)
     assert err.value.status_code == status, err.value.error
+
+
+def test_no_ollama_pull_refuses_pull_and_delete(
+    mlxcore_server: ServerFactory, tiny_qwen3: Path
+) -> None:
+    closed = mlxcore_server(tiny_qwen3, "--no-ollama-pull")
+    client = ollama.Client(host=closed.base_url, timeout=60)
+    for call in (client.pull, client.delete):
+        with pytest.raises(ollama.ResponseError) as err:
+            call(REPO)
+        assert err.value.status_code == 403 and "--no-ollama-pull" in err.value.error
+    assert client.list().models  # the rest of the API is there

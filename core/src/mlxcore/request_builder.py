@@ -148,7 +148,7 @@ class TextPrompt:
 
 
 @attrs.frozen
-class Constraint:
+class OutputConstraint:
     """What the output must match (a compiled-on-preparation grammar source), and for a
     forced tool choice a factory of the parser that reads the constrained output."""
 
@@ -192,7 +192,7 @@ class RequestSpec:
     """Token ids that end the generation besides the model's end of sequence (vLLM's)."""
     extras: Mapping[str, Any] = attrs.field(factory=dict)
     """Body fields outside the API's schema: the plugins' per-request options."""
-    constraint: Constraint | None = None
+    constraint: OutputConstraint | None = None
     n: int = 1
     parse: bool = True
     """Run the model's reasoning and tool parsers (``False``: raw text)."""
@@ -403,7 +403,7 @@ def with_tool_grammar(rt: Runtime, spec: RequestSpec) -> RequestSpec:
     )
     if planned is None:
         return spec
-    constraint = Constraint(
+    constraint = OutputConstraint(
         planned.value, field=planned.field, lazy=planned.lazy, exit_marker=planned.exit_marker
     )
     return attrs.evolve(spec, constraint=constraint)
@@ -449,7 +449,9 @@ def thinking_options(
     return {thinking.OPTION: plan}
 
 
-def validate(rt: Runtime, request: GenerationRequest, field: str = "response_format") -> None:
+def check_constraint(
+    rt: Runtime, request: GenerationRequest, field: str = "response_format"
+) -> None:
     """Check ``request`` against the model and compile its output constraint here (a
     schema llguidance cannot compile is a request error naming ``field``, not a failure
     on the engine thread)."""
@@ -536,7 +538,9 @@ def build_generations(rt: Runtime, spec: RequestSpec) -> list[Generation]:
             cache_key=prompt.cache_key,
             priority=spec.priority,
         )
-        validate(rt, request, spec.constraint.field if spec.constraint else "response_format")
+        check_constraint(
+            rt, request, spec.constraint.field if spec.constraint else "response_format"
+        )
         gens.append(Generation(request, output_pipeline(rt, spec, prompt.text)))
     return gens
 

@@ -273,6 +273,11 @@ def test_keyboard_and_labels(page: Page) -> None:
     assert page.page.evaluate("document.activeElement.id") == "tab-dashboard"
     page.page.keyboard.press("Enter")
     assert page.page.locator("#view-dashboard").is_visible()
+    page.page.keyboard.press("Tab")
+    assert page.page.evaluate("document.activeElement.id") == "tab-models"
+    page.page.keyboard.press("Enter")
+    assert page.page.locator("#view-models").is_visible()
+    assert not page.page.locator("#view-dashboard").is_visible()
 
 
 def _load(server: Server, n: int) -> None:
@@ -303,7 +308,7 @@ def test_dashboard_shows_models_requests_and_acts(page: Page, screenshots: Path)
     server = page.server
     page.page.set_viewport_size({"width": 1200, "height": 1400})
     page.page.click("#tab-dashboard")
-    page.page.wait_for_selector("#models tbody tr td")
+    page.page.wait_for_selector("#engine dd")
     load = threading.Thread(target=_load, args=(server, 8))
     load.start()
     page.page.wait_for_function(
@@ -316,11 +321,13 @@ def test_dashboard_shows_models_requests_and_acts(page: Page, screenshots: Path)
     page.page.wait_for_function(
         "() => document.querySelector('#recent').textContent.includes('length')", timeout=30_000
     )
+    routes = page.page.locator("#routes").inner_text()
+    assert "POST /v1/chat/completions" in routes
+    page.page.click("#tab-models")  # the models, their buttons and "Get a model"
+    page.page.wait_for_selector("#models tbody tr td")
     rows = page.page.locator("#models tbody tr").all_inner_texts()
     assert any(r.startswith("qwen") and "loaded" in r for r in rows)
     assert any(r.startswith("llama") for r in rows)
-    routes = page.page.locator("#routes").inner_text()
-    assert "POST /v1/chat/completions" in routes
 
     # unload and pin through the dashboard's buttons (the API key is sent with them)
     page.page.click("button[aria-label='Unload llama']")
@@ -369,12 +376,14 @@ def test_dashboard_plots_the_last_minutes_under_load(page: Page, screenshots: Pa
     assert 1 <= len(recent.json()["points"]) <= 4
 
 
-def test_get_a_model_with_progress_then_remove_it(page: Page, ui_hub: Any) -> None:
-    """The dashboard's "Get a model": the pull's progress shows, the model joins the
+def test_get_a_model_with_progress_then_remove_it(
+    page: Page, ui_hub: Any, screenshots: Path
+) -> None:
+    """The models view's "Get a model": the pull's progress shows, the model joins the
     table (served: it answers), and its Remove button deletes it again."""
     (pulled,) = ui_hub.repos
 
-    page.page.click("#tab-dashboard")
+    page.page.click("#tab-models")
     page.page.wait_for_selector("#models tbody tr td")
     page.page.fill("#pull-repo", pulled)
     page.page.click("#pull-button")
@@ -385,6 +394,7 @@ def test_get_a_model_with_progress_then_remove_it(page: Page, ui_hub: Any) -> No
     assert page.page.locator("#pull-progress").get_attribute("hidden") is None
     assert page.page.evaluate("() => document.querySelector('#pull-progress').value") == 1
     page.page.wait_for_selector(f"button[aria-label='Remove {pulled}']")
+    page.page.screenshot(path=str(screenshots / "ui-models.png"))
     answer = httpx.post(f"{page.server.v1}/chat/completions", headers=AUTH, timeout=60, json={
         "model": pulled, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
     })  # fmt: skip

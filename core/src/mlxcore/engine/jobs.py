@@ -1,5 +1,6 @@
-"""Model work besides generation (an embedding forward pass, and the scoring and speech
-jobs to come), run by the engine on its own thread between two steps of the batch.
+"""Model work besides generation (an embedding forward pass, a reranker's scores, a
+transcription or speech synthesis from the audio plugin), run by the engine on its own
+thread between two steps of the batch.
 
 A front end never calls the model itself: it hands the engine a :class:`ModelJob` (what
 to run, and the bytes it may hold while it runs) and awaits its future. A job's work is

@@ -25,9 +25,9 @@ def own_cache(seq: DecodeSequence) -> SequenceCache:
 
 
 def pause_rows(loop: BatchLoop, pause: Callable[[RequestHandle], bool] | None) -> None:
-    """Take the decoding requests of ``loop`` that ``pause`` picks out of its batch, and put
-    back those it no longer picks (``None``: every one). A decoder that cannot hold
-    sequences pauses nothing."""
+    """Take the decoding requests of ``loop`` that ``pause`` picks out of its batch (the
+    ones already out stay out); with ``pause`` ``None``, or a decoder that cannot hold
+    sequences, put every paused one back instead."""
     if pause is None or not loop.decoder.supports_hold:
         for uid in list(loop.paused):
             seq = loop.paused.pop(uid)

@@ -320,9 +320,6 @@ class PrefillStrategy(abc.ABC):
     """True when what the strategy does follows from the requests and the model alone (no
     clock, no measurements), so ranks of a distributed engine running it stay in step;
     ``--distributed`` refuses a strategy without it."""
-    supports_hold: ClassVar[bool] = False
-    """True when :meth:`hold` takes sequences out for a while (the engine pauses
-    background work with it while interactive requests run)."""
     supports_adapters: ClassVar[bool] = False
     """True when every forward pass goes through :func:`mlxcore.engine.adapters.forward`
     (each row under its request's LoRA adapter); the engine refuses to start a model with

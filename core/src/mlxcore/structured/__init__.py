@@ -28,7 +28,6 @@ from mlxcore.structured.constraints import (
     LarkGrammar,
     LazyToolGrammar,
     Regex,
-    from_response_format,
     grammar_text,
     validate,
 )
@@ -39,7 +38,7 @@ from mlxcore.structured.processor import (
     apply_bitmask,
     make_processor,
 )
-from mlxcore.structured.requested import structured_outputs_constraint
+from mlxcore.structured.requested import from_response_format, structured_outputs_constraint
 from mlxcore.structured.tools import (
     ConstrainedToolCallParser,
     named_tool_schema,

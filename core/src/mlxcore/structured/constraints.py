@@ -1,7 +1,8 @@
 """What a constrained request must produce: JSON (free-form or by schema), a regex, a grammar.
 
 A constraint is plain, immutable data that a front end builds from a request body
-(:func:`from_response_format` does it for OpenAI's ``response_format``) and puts in
+(:func:`mlxcore.structured.requested.from_response_format` does it for OpenAI's
+``response_format``) and puts in
 ``GenerationRequest.options["constraint"]``. :func:`validate` checks it without a
 model, so a bad schema is answered with a 400 before the request reaches the engine.
 The grammar text each constraint compiles to is llguidance's (see
@@ -174,53 +175,6 @@ def _validated(grammar: str, what: str) -> None:
     error = llguidance.LLMatcher.validate_grammar(grammar)
     if error:
         raise ConstraintError(f"invalid {what}: {error.strip()}")
-
-
-def from_response_format(fmt: Mapping[str, Any] | None) -> Constraint | None:
-    """The constraint for an OpenAI ``response_format`` value (``None`` for plain text).
-
-    Accepts ``{"type": "text"}``, ``{"type": "json_object"}``,
-    ``{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}`` and the
-    grammar types of :mod:`mlxcore.structured.requested`; a
-    ``json_schema`` without ``schema`` means any JSON object. The schema is always
-    enforced; ``"strict": true`` also refuses keywords that cannot be enforced (without
-    it they are ignored, see :attr:`JsonSchema.lenient`). The result is validated.
-
-    Raises:
-        ConstraintError: an unknown type, a malformed body or an unusable schema.
-    """
-    if fmt is None:
-        return None
-    if not isinstance(fmt, Mapping):
-        raise ConstraintError("response_format must be an object")
-    kind = fmt.get("type")
-    constraint: Constraint
-    if kind in (None, "text"):
-        return None
-    if kind == "json_object":
-        constraint = JsonObject()
-    elif kind == "json_schema":
-        spec = fmt.get("json_schema")
-        if not isinstance(spec, Mapping):
-            raise ConstraintError("response_format json_schema needs a json_schema object")
-        schema = spec.get("schema")
-        if schema is None:
-            constraint = JsonObject()
-        elif isinstance(schema, Mapping):
-            constraint = JsonSchema(schema, lenient=spec.get("strict") is not True)
-        else:
-            raise ConstraintError("response_format json_schema.schema must be an object")
-    elif kind in ("grammar", "regex"):
-        from mlxcore.structured.requested import grammar_response_format
-
-        return grammar_response_format(fmt)
-    else:
-        raise ConstraintError(
-            f"response_format type {kind!r} is not one of text, json_object, json_schema, "
-            "grammar, regex"
-        )
-    validate(constraint)
-    return constraint
 
 
 # -- helpers -------------------------------------------------------------------

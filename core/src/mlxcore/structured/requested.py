@@ -1,5 +1,6 @@
-"""User grammars as clients ask for them: vLLM's ``structured_outputs`` object, its older
-``guided_*`` fields, and ``response_format`` types beyond OpenAI's JSON ones.
+"""What clients ask the output to be, parsed into constraints: OpenAI's
+``response_format`` (:func:`from_response_format`), vLLM's ``structured_outputs`` object,
+its older ``guided_*`` fields, and ``response_format`` types beyond OpenAI's JSON ones.
 
 * ``structured_outputs``: ``{"json": schema}``, ``{"regex": pattern}``, ``{"choice":
   [strings]}``, ``{"grammar": lark_or_gbnf}`` or ``{"json_object": true}``, one of them;
@@ -121,4 +122,49 @@ def grammar_response_format(fmt: Mapping[str, Any]) -> Constraint:
 def _required(kind: str, value: Any, field: str) -> Constraint:
     constraint = _kind_constraint(kind, value, field)
     assert constraint is not None, "only json_object: false asks for nothing"
+    return constraint
+
+
+def from_response_format(fmt: Mapping[str, Any] | None) -> Constraint | None:
+    """The constraint for an OpenAI ``response_format`` value (``None`` for plain text).
+
+    Accepts ``{"type": "text"}``, ``{"type": "json_object"}``,
+    ``{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}`` and the
+    grammar types of :mod:`mlxcore.structured.requested`; a
+    ``json_schema`` without ``schema`` means any JSON object. The schema is always
+    enforced; ``"strict": true`` also refuses keywords that cannot be enforced (without
+    it they are ignored, see :attr:`JsonSchema.lenient`). The result is validated.
+
+    Raises:
+        ConstraintError: an unknown type, a malformed body or an unusable schema.
+    """
+    if fmt is None:
+        return None
+    if not isinstance(fmt, Mapping):
+        raise ConstraintError("response_format must be an object")
+    kind = fmt.get("type")
+    constraint: Constraint
+    if kind in (None, "text"):
+        return None
+    if kind == "json_object":
+        constraint = JsonObject()
+    elif kind == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, Mapping):
+            raise ConstraintError("response_format json_schema needs a json_schema object")
+        schema = spec.get("schema")
+        if schema is None:
+            constraint = JsonObject()
+        elif isinstance(schema, Mapping):
+            constraint = JsonSchema(schema, lenient=spec.get("strict") is not True)
+        else:
+            raise ConstraintError("response_format json_schema.schema must be an object")
+    elif kind in ("grammar", "regex"):
+        return grammar_response_format(fmt)
+    else:
+        raise ConstraintError(
+            f"response_format type {kind!r} is not one of text, json_object, json_schema, "
+            "grammar, regex"
+        )
+    validate(constraint)
     return constraint

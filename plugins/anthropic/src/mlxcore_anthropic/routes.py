@@ -12,7 +12,7 @@ from mlxcore import structured
 from mlxcore.engine.events import Usage
 from mlxcore.media import MediaPart
 from mlxcore.output import OutputDelta
-from mlxcore.request_builder import ChatPrompt, Constraint, RequestSpec
+from mlxcore.request_builder import ChatPrompt, OutputConstraint, RequestSpec
 from mlxcore.server.errors import APIError, as_api_error, constraint_error, invalid
 from mlxcore.server.frontend import (
     decode_body,
@@ -97,7 +97,7 @@ def build_generation(
 
 def _forced_tool_choice(
     body: MessagesRequest, tools: list[dict[str, Any]] | None
-) -> Constraint | None:
+) -> OutputConstraint | None:
     """The constraint and parser for ``tool_choice`` ``any`` / ``tool`` (else ``None``)."""
     choice = body.tool_choice
     if choice is None or choice.type not in ("any", "tool"):
@@ -116,7 +116,7 @@ def _forced_tool_choice(
     if forced is None:
         return None
     value, parser = forced
-    return Constraint(
+    return OutputConstraint(
         value,
         lambda: parser,
         tool_mode="named" if choice.type == "tool" else "required",

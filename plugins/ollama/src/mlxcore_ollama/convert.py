@@ -20,7 +20,7 @@ from mlxcore.builtin.openai.schemas import Message as OpenAIMessage
 from mlxcore.builtin.openai.schemas import SamplerFields
 from mlxcore.engine.request import SamplingParams
 from mlxcore.media import MediaHandler, MediaPart
-from mlxcore.request_builder import Constraint
+from mlxcore.request_builder import OutputConstraint
 from mlxcore.server.errors import APIError, constraint_error, invalid
 from mlxcore_ollama.schemas import GenerationFields, Message
 
@@ -193,7 +193,7 @@ def check_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | No
     return tools or None
 
 
-def constraint(fmt: str | dict[str, Any] | None) -> Constraint | None:
+def constraint(fmt: str | dict[str, Any] | None) -> OutputConstraint | None:
     """What ``format`` requires of the output: ``"json"`` any JSON object, an object
     a JSON schema, ``""`` or nothing no constraint."""
     if fmt is None or fmt == "":
@@ -208,7 +208,7 @@ def constraint(fmt: str | dict[str, Any] | None) -> Constraint | None:
         value = structured.from_response_format(response_format)
     except structured.ConstraintError as exc:
         raise constraint_error(f"format: {exc}", "format") from None
-    return None if value is None else Constraint(value, field="format")
+    return None if value is None else OutputConstraint(value, field="format")
 
 
 def think(value: bool | str | None) -> tuple[bool | None, int | None]:

@@ -20,7 +20,7 @@ from mlxcore.builtin.openai.schemas import (
 from mlxcore.engine.request import SamplingParams
 from mlxcore.engine.validation import MAX_TOP_LOGPROBS
 from mlxcore.media import MediaHandler, MediaPart
-from mlxcore.request_builder import Constraint
+from mlxcore.request_builder import OutputConstraint
 from mlxcore.server.errors import constraint_error, invalid
 
 MAX_N = 16
@@ -280,7 +280,7 @@ def check_tools(tools: list[dict[str, Any]] | None) -> None:
             )
 
 
-def output_constraint(body: ChatCompletionRequest | CompletionRequest) -> Constraint | None:
+def output_constraint(body: ChatCompletionRequest | CompletionRequest) -> OutputConstraint | None:
     """What ``response_format``, or vLLM's ``structured_outputs`` / ``guided_*`` fields,
     require of the output (one of them; both at once are refused)."""
     try:
@@ -295,13 +295,13 @@ def output_constraint(body: ChatCompletionRequest | CompletionRequest) -> Constr
     except structured.ConstraintError as exc:
         raise constraint_error(str(exc), exc.field or "response_format") from None
     if requested is None:
-        return None if value is None else Constraint(value)
+        return None if value is None else OutputConstraint(value)
     if value is not None:
         raise invalid(f"give response_format or {requested[1]}, not both", requested[1])
-    return Constraint(requested[0], field=requested[1])
+    return OutputConstraint(requested[0], field=requested[1])
 
 
-def constraint(body: ChatCompletionRequest) -> Constraint | None:
+def constraint(body: ChatCompletionRequest) -> OutputConstraint | None:
     """What ``tool_choice`` or :func:`output_constraint` require of the output, with, for
     a forced tool choice, a factory of the parser that reads the constrained output back
     (a forced tool choice wins over ``response_format``, as in vLLM)."""
@@ -318,14 +318,14 @@ def constraint(body: ChatCompletionRequest) -> Constraint | None:
     parallel = body.parallel_tool_calls is not False
     if isinstance(choice, Mapping):
         name = choice["function"]["name"]
-        return Constraint(
+        return OutputConstraint(
             value,
             lambda: structured.ConstrainedToolCallParser(tools, mode="named", name=name),
             tool_mode="named",
             tool_name=name,
             parallel=False,
         )
-    return Constraint(
+    return OutputConstraint(
         value,
         lambda: structured.ConstrainedToolCallParser(tools, mode="required"),
         tool_mode="required",

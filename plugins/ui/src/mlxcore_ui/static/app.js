@@ -1,4 +1,5 @@
-// The page's entry point: the two views, the API key dialog, start-up.
+// The page's entry point: the three views (chat, dashboard, models), the API key
+// dialog, start-up.
 
 import { AuthError, apiKey, setApiKey } from "./api.js";
 import { initChat, loadModels } from "./chat.js";
@@ -6,15 +7,17 @@ import { initDashboard, refresh, startDashboard, stopDashboard } from "./dashboa
 
 const $ = (id) => document.getElementById(id);
 
+const VIEWS = ["chat", "dashboard", "models"];
+
 function show(view) {
-  const chat = view === "chat";
-  $("view-chat").hidden = !chat;
-  $("view-dashboard").hidden = chat;
-  $("tab-chat").setAttribute("aria-pressed", String(chat));
-  $("tab-dashboard").setAttribute("aria-pressed", String(!chat));
-  if (chat) stopDashboard();
+  for (const name of VIEWS) {
+    $(`view-${name}`).hidden = name !== view;
+    $(`tab-${name}`).setAttribute("aria-pressed", String(name === view));
+  }
+  // the dashboard and the models view read the same polled sources
+  if (view === "chat") stopDashboard();
   else startDashboard();
-  history.replaceState(null, "", chat ? "#chat" : "#dashboard");
+  history.replaceState(null, "", `#${view}`);
 }
 
 function askForKey() {
@@ -37,17 +40,18 @@ initChat(askForKey);
 initDashboard(askForKey);
 $("tab-chat").addEventListener("click", () => show("chat"));
 $("tab-dashboard").addEventListener("click", () => show("dashboard"));
+$("tab-models").addEventListener("click", () => show("models"));
 $("key-button").addEventListener("click", askForKey);
 $("key-form").addEventListener("submit", (event) => {
   event.preventDefault();
   setApiKey($("key-input").value.trim());
   $("key-dialog").close();
   start();
-  if (!$("view-dashboard").hidden) {
+  if ($("view-chat").hidden) {
     startDashboard();
     refresh();
   }
 });
 $("key-cancel").addEventListener("click", () => $("key-dialog").close());
-show(location.hash === "#dashboard" ? "dashboard" : "chat");
+show(VIEWS.includes(location.hash.slice(1)) ? location.hash.slice(1) : "chat");
 start();

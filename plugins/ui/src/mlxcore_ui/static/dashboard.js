@@ -1,5 +1,5 @@
-// The dashboard: /health, /v1/models, /metrics/json and /metrics/history (charts of the
-// last 15 minutes), polled while it is on screen.
+// The dashboard and the models view: /health, /v1/models, /metrics/json and
+// /metrics/history (charts of the last 15 minutes), polled while either is on screen.
 
 import { AuthError, api } from "./api.js";
 import { drawChart, legend } from "./charts.js";
@@ -90,7 +90,7 @@ function modelAction(model, action, label) {
       const path = model.id.split("/").map(encodeURIComponent).join("/");
       await api(`/v1/models/${path}/${action}`, { method: "POST", body: {} });
     } catch (error) {
-      $("dash-status").textContent = `${label} ${model.id}: ${error.message}`;
+      $("models-status").textContent = `${label} ${model.id}: ${error.message}`;
       if (error instanceof AuthError) onAuth();
     }
     refresh();
