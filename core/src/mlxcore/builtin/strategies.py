@@ -15,7 +15,8 @@ from mlxcore.defaults.prefix_cache import LRUPrefixCache, NoPrefixCache
 from mlxcore.defaults.radix_cache import prefix_cache_for
 from mlxcore.engine.cache_explain import EXPLAIN_OPTION
 from mlxcore.engine.kv_quant import KVQuantization
-from mlxcore.engine.strategies import CacheStrategy, Decoder, PrefillStrategy, generates
+from mlxcore.engine.memory import generates
+from mlxcore.engine.strategies import CacheStrategy, Decoder, PrefillStrategy
 from mlxcore.errors import OptionError
 from mlxcore.model_info import ModelInfo
 

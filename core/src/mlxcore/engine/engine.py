@@ -49,9 +49,10 @@ from mlxcore.engine.jobs import JobQueue, ModelJob
 from mlxcore.engine.kv_quant import KVQuantization
 from mlxcore.engine.loop import BatchLoop
 from mlxcore.engine.memory import MemoryBudget, release_memory
-from mlxcore.engine.parts import EngineParts, StepSync
+from mlxcore.engine.parts import EngineParts
 from mlxcore.engine.prefix_pool import PrefixPool
 from mlxcore.engine.request import GenerationRequest
+from mlxcore.engine.step_sync import StepSync
 from mlxcore.engine.strategies import CacheStrategy, Decoder, PrefillStrategy
 from mlxcore.engine.threads import run_job
 from mlxcore.engine.validation import ModelLimits, RequestRejected, check_request

@@ -26,8 +26,6 @@ import attrs
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
 
-from mlxcore.engine.strategies import generates
-
 log = logging.getLogger(__name__)
 
 
@@ -309,3 +307,10 @@ def _compact_layer(layer: Any, out: list[mx.array]) -> None:
             copies = [mx.array(v) if isinstance(v, mx.array) else v for v in value]
             setattr(layer, name, copies)  # ArraysCache.cache
             out.extend(v for v in copies if isinstance(v, mx.array))
+
+
+def generates(model: Any) -> bool:
+    """Whether ``model`` generates (and so keeps a cache): every mlx-lm model; a plugin's
+    model that serves another task says so with ``mlxcore_task`` (a cross-encoder:
+    ``rerank``). The engine serves such a model's jobs only."""
+    return getattr(model, "mlxcore_task", "generate") == "generate"

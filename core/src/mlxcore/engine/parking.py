@@ -8,20 +8,39 @@ through the prefix cache once the leader has passed it, or left however it ended
 
 from __future__ import annotations
 
+import collections
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from mlxcore.engine.admitted import AdmittedRequest, Parked
 from mlxcore.engine.cache_explain import CacheExplanation
 from mlxcore.engine.prefill_plan import find_shared_prefix
-
-if TYPE_CHECKING:
-    from mlxcore.engine.loop import BatchLoop
+from mlxcore.engine.strategies import PrefillStrategy
 
 log = logging.getLogger("mlxcore.engine.loop")
 
 
-def park(loop: BatchLoop, live: AdmittedRequest) -> bool:
+class ParkingLoop(Protocol):
+    """What parking needs of the batch loop (:class:`~mlxcore.engine.loop.BatchLoop`)."""
+
+    prefill: PrefillStrategy
+    prefilling: collections.deque[AdmittedRequest]
+    parked: list[Parked]
+    counters: collections.Counter[str]
+
+    def explain(self, live: AdmittedRequest, explanation: CacheExplanation | None) -> None:
+        """Log (and hand to the request) a prefix-cache explanation."""
+
+    def finish(
+        self, live: AdmittedRequest, reason: str, error: str | None = None, code: str | None = None
+    ) -> None:
+        """End ``live`` with ``reason``."""
+
+    def start_prefill(self, live: AdmittedRequest) -> None:
+        """Queue ``live``'s prefill."""
+
+
+def park(loop: ParkingLoop, live: AdmittedRequest) -> bool:
     """Let ``live`` wait for a prefill in progress that computes much of its prompt;
     False when there is none worth waiting for."""
     if live.request.media is not None or not loop.prefill.stops_at_checkpoints:
@@ -59,7 +78,7 @@ def park(loop: BatchLoop, live: AdmittedRequest) -> bool:
     return True
 
 
-def unpark(loop: BatchLoop) -> None:
+def unpark(loop: ParkingLoop) -> None:
     """Start the waiting requests whose leader passed the shared prefix or left."""
     waiting: list[Parked] = []
     for entry in loop.parked:

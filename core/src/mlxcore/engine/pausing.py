@@ -10,13 +10,11 @@ more, so they go on with exactly the tokens they would have produced.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from mlxcore.engine.admitted import AdmittedRequest
 from mlxcore.engine.events import RequestHandle
-from mlxcore.engine.strategies import DecodeSequence, SequenceCache
-
-if TYPE_CHECKING:
-    from mlxcore.engine.loop import BatchLoop
+from mlxcore.engine.strategies import Decoder, DecodeSequence, SequenceCache, StepToken
 
 
 def own_cache(seq: DecodeSequence) -> SequenceCache:
@@ -24,7 +22,23 @@ def own_cache(seq: DecodeSequence) -> SequenceCache:
     return SequenceCache(seq.cache, len(seq.tokens) - 1)
 
 
-def pause_rows(loop: BatchLoop, pause: Callable[[RequestHandle], bool] | None) -> None:
+class PausingLoop(Protocol):
+    """What pausing needs of the batch loop (:class:`~mlxcore.engine.loop.BatchLoop`)."""
+
+    decoder: Decoder
+    live: dict[int, AdmittedRequest]
+    paused: dict[int, DecodeSequence]
+
+    def emit(
+        self, live: AdmittedRequest, tokens: list[StepToken], step: tuple[int, int] | None = None
+    ) -> bool:
+        """Send tokens to the client; True when the request is now finished."""
+
+    def retire(self, live: AdmittedRequest, own: SequenceCache | None) -> None:
+        """Finish ``live``; offer its cache for prefix reuse."""
+
+
+def pause_rows(loop: PausingLoop, pause: Callable[[RequestHandle], bool] | None) -> None:
     """Take the decoding requests of ``loop`` that ``pause`` picks out of its batch (the
     ones already out stay out); with ``pause`` ``None``, or a decoder that cannot hold
     sequences, put every paused one back instead."""

@@ -516,10 +516,3 @@ class Salvaged:
 
     seq: DecodeSequence
     unreported: list[StepToken] = attrs.field(factory=list)
-
-
-def generates(model: Any) -> bool:
-    """Whether ``model`` generates (and so keeps a cache): every mlx-lm model; a plugin's
-    model that serves another task says so with ``mlxcore_task`` (a cross-encoder:
-    ``rerank``). The engine serves such a model's jobs only."""
-    return getattr(model, "mlxcore_task", "generate") == "generate"
