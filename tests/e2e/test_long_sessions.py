@@ -63,7 +63,12 @@ def send_anthropic(server: Server, request: AgentRequest) -> tuple[int, int]:
     return reply.usage.input_tokens + cached, cached
 
 
-@pytest.mark.parametrize("front", ["openai", "anthropic"])
+@pytest.mark.parametrize(
+    "front",
+    # the same session through the Messages API: a variant (`make test-long`), the
+    # OpenAI front end's run is the main case (50 s each on CI's two cores)
+    ["openai", pytest.param("anthropic", marks=pytest.mark.long)],
+)
 def test_a_session_past_32k_tokens_keeps_its_cache_with_default_flags(
     front: str, qwen_server: Server, tiny_qwen3: Path
 ) -> None:
