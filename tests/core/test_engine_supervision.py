@@ -17,9 +17,18 @@ import pytest
 
 from mlxcore.engine import threads
 from mlxcore.engine.engine import EngineUnavailable
-from mlxcore.engine.events import OVERLOADED, UNAVAILABLE, Event, FinishEvent, TokenEvent
+from mlxcore.engine.events import (
+    OVERLOADED,
+    UNAVAILABLE,
+    Event,
+    FinishEvent,
+    RequestHandle,
+    TokenEvent,
+    Usage,
+)
 from mlxcore.engine.request import GenerationRequest, SamplingParams
 from mlxcore.engine.sampling import repair_random_state
+from mlxcore.engine.strategies import StepToken
 from mlxcore.testing.runtime import make_runtime
 
 PROMPT = tuple(range(10, 30))
@@ -103,6 +112,26 @@ def test_a_hung_step_is_abandoned_by_the_watchdog(tiny_llama: Path) -> None:
         time.sleep(2.1)
         tokens, finish = run(rt, greedy())
         assert finish.reason == "length" and len(tokens) == 12
+    finally:
+        rt.engine.shutdown(timeout=5)
+
+
+def test_an_abandoned_loop_sends_nothing_after_its_finishes(tiny_llama: Path) -> None:
+    """Abandoning marks the loop first and then ends its requests: a token the hung
+    thread sends once it wakes is dropped, the finishes from the abandoning thread go out."""
+    rt = make_runtime(tiny_llama)
+    try:
+        run(rt, greedy())  # a loop exists
+        loop = rt.engine._loop
+        got: list[Event] = []
+        handle = RequestHandle(10**6, greedy(), got.append)
+        late = threading.Thread(target=loop.send, args=(handle, TokenEvent([StepToken(1)])))
+        loop.abandon("test: hung", UNAVAILABLE)
+        late.start()  # the hung thread's token, after the abandonment
+        late.join()
+        assert got == [] and loop.abandoned
+        loop.send(handle, FinishEvent("error", Usage(), error="x"))  # the abandoning thread's
+        assert [type(e) for e in got] == [FinishEvent]
     finally:
         rt.engine.shutdown(timeout=5)
 

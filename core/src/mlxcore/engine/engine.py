@@ -544,9 +544,8 @@ class Engine(Admission):
         """Give up on the current loop's thread (caller holds the lock)."""
         old = self._loop
         self._epoch += 1
-        old.fail_all(reason, UNAVAILABLE)
+        old.abandon(reason, UNAVAILABLE)  # marked first: no late token after the finishes
         self.jobs.fail_running(EngineUnavailable(reason))
-        old.abandoned = True
         self._busy_since = None
 
     # -- watchdog thread ---------------------------------------------------

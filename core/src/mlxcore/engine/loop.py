@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -124,6 +125,8 @@ class BatchLoop:
         self.shorts_in_a_row = 0
         self.prefetched: set[int] = set()
         self.abandoned = False
+        self._closer: int | None = None
+        """The thread ending this loop's requests once it is abandoned (:meth:`abandon`)."""
         """Set when the engine gave up on this loop (a hung step): it sends nothing more."""
 
     def __len__(self) -> int:
@@ -559,6 +562,16 @@ class BatchLoop:
         self.quarantine.clear()
         self.paused.clear()
 
+    def abandon(self, reason: str, code: str | None = None) -> None:
+        """Give this loop up (its thread hung): it is marked abandoned first, so whatever
+        its thread sends from now on (a late token of the hung step) is dropped, and only
+        then is every request ended, from the calling thread, with ``reason``."""
+        self._closer = threading.get_ident()
+        self.abandoned = True
+        self.fail_all(reason, code)
+
     def send(self, handle: RequestHandle, event: Event) -> None:
-        if not self.abandoned:
+        """Deliver ``event`` unless the loop was abandoned (then only :meth:`abandon`'s
+        finishes go out)."""
+        if not self.abandoned or threading.get_ident() == self._closer:
             send(handle, event)
