@@ -124,13 +124,7 @@ def resolve_model(
 def _download_repo(repo_id: str) -> Path:
     """Fetch ``repo_id`` into the standard HF cache (or find it there when offline)."""
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        HfHubHTTPError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
+    from huggingface_hub.errors import LocalEntryNotFoundError
 
     offline = _env_true("HF_HUB_OFFLINE") or _env_true("TRANSFORMERS_OFFLINE")
     if not offline:
@@ -138,22 +132,11 @@ def _download_repo(repo_id: str) -> Path:
         if here is not None:
             return here
     try:
-        # the files here are whole (above) or the Hub is out of reach (the download
-        # said 503): the cache has the last word
+        # offline, or the Hub out of reach (the download said 503): the cache has the
+        # last word
         folder = snapshot_download(
             repo_id, allow_patterns=HF_ALLOW_PATTERNS, local_files_only=True
         )
-    except GatedRepoError as exc:
-        raise ModelLoadError(
-            f"Hugging Face repo {repo_id} is gated: accept its terms and log in (HF_TOKEN)"
-        ) from exc
-    except RepositoryNotFoundError as exc:
-        raise ModelLoadError(
-            f"Hugging Face repo {repo_id} was not found (or is private; set HF_TOKEN), "
-            "and it is not a local folder"
-        ) from exc
-    except RevisionNotFoundError as exc:
-        raise ModelLoadError(f"Hugging Face repo {repo_id}: revision not found") from exc
     except LocalEntryNotFoundError as exc:
         why = (
             "offline mode is on (HF_HUB_OFFLINE=1)"
@@ -164,8 +147,8 @@ def _download_repo(repo_id: str) -> Path:
             f"cannot get Hugging Face repo {repo_id}: {why} and it is not in the local "
             "Hugging Face cache; download it on a connected machine or pass a local folder"
         ) from exc
-    except (HfHubHTTPError, OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot download Hugging Face repo {repo_id}: {exc}") from exc
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot read Hugging Face repo {repo_id} from the cache: {exc}") from exc
     return Path(folder)
 
 

@@ -8,7 +8,6 @@ name ending in ``:latest`` reaches the model of the name without it."""
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import time
 from datetime import UTC, datetime
@@ -19,6 +18,8 @@ import mlx.core as mx
 from litestar import Request, get, post
 from mlx.utils import tree_flatten
 
+from mlxcore.errors import ModelLoadError
+from mlxcore.models.folder import read_config
 from mlxcore.server.errors import APIError
 from mlxcore.server.frontend import decode_body, model_service
 from mlxcore.server.openapi import BODY_OPTION, REPLIES_OPTION, reply
@@ -101,10 +102,9 @@ def _config(slot: ModelSlot) -> dict[str, Any]:
     if source is None:
         return {}
     try:
-        config = json.loads((Path(source).expanduser() / "config.json").read_text())
-    except (OSError, ValueError):
+        return read_config(Path(source).expanduser())
+    except ModelLoadError:
         return {}
-    return config if isinstance(config, dict) else {}
 
 
 def _parameters(slot: ModelSlot) -> int | None:
