@@ -9,7 +9,6 @@ same model within 1e-4, and every generation equals ``mlx_lm.generate``'s greedy
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +24,15 @@ TASKS = Path(__file__).parent / "lm_eval_tasks"
 
 @pytest.fixture(scope="module")
 def results(scripted_server: Server, tmp_path_factory: pytest.TempPathFactory) -> Any:
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    # Offline only while lm-eval runs: a variable left in os.environ would reach every later
+    # test's subprocesses on this worker (the model manager's tests talk to a local Hub).
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("HF_DATASETS_OFFLINE", "1")
+        env.setenv("HF_HUB_OFFLINE", "1")
+        return _evaluate(scripted_server, tmp_path_factory)
+
+
+def _evaluate(scripted_server: Server, tmp_path_factory: pytest.TempPathFactory) -> Any:
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 

@@ -43,6 +43,7 @@ def env(hub: LocalHub, tmp_path_factory: pytest.TempPathFactory) -> dict[str, st
         "HF_HOME": str(home / "hf"),
         "HF_HUB_DISABLE_XET": "1",
         "HF_HUB_DISABLE_TELEMETRY": "1",
+        "HF_HUB_OFFLINE": "0",
         "MLXCORE_HOME": str(home / "mlxcore"),
     }
 

@@ -38,6 +38,7 @@ def server(mlxcore_server: ServerFactory, tiny_qwen3: Path, hub: LocalHub, home:
         env.setenv("HF_ENDPOINT", hub.url)
         env.setenv("HF_HOME", str(home / "hf"))
         env.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+        env.setenv("HF_HUB_OFFLINE", "0")
         return mlxcore_server(tiny_qwen3, "--served-model-name", "tiny")
 
 

@@ -56,6 +56,7 @@ def ui_server(
         env.setenv("HF_ENDPOINT", ui_hub.url)
         env.setenv("HF_HOME", str(folder / "hf"))
         env.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+        env.setenv("HF_HUB_OFFLINE", "0")
         return mlxcore_server(
             tiny_qwen3,
             "--served-model-name",
