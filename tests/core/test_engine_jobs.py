@@ -105,7 +105,7 @@ def test_a_hung_job_is_caught_by_the_watchdog(tiny_llama: Path) -> None:
         with pytest.raises(EngineUnavailable, match="no progress"):
             hung.result(timeout=15)
         assert time.monotonic() - started < 6
-        assert rt.engine.faults["hang"] == 1
+        assert rt.engine.restarts.faults["hang"] == 1
         time.sleep(2.1)  # the restart back-off
         assert len(rt.embed([[1, 2, 3]]).future.result(timeout=30)[0]) > 0
     finally:

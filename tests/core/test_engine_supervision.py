@@ -108,7 +108,7 @@ def test_a_hung_step_is_abandoned_by_the_watchdog(tiny_llama: Path) -> None:
         started = time.monotonic()
         _, finish = run(rt, greedy(**{"fault": "decoder:hang"}), timeout=15)
         assert finish.code == UNAVAILABLE and time.monotonic() - started < 5
-        assert rt.engine.faults["hang"] == 1
+        assert rt.engine.restarts.faults["hang"] == 1
         time.sleep(2.1)
         tokens, finish = run(rt, greedy())
         assert finish.reason == "length" and len(tokens) == 12

@@ -20,7 +20,7 @@ MAX_TOKENS = 32
 def peak_concurrency(rt, per_request: int, start: int) -> int:
     """Run four requests submitted together; how many ran at once (from the engine's peak
     of reserved cache bytes)."""
-    rt.engine.peak_reserved = 0
+    rt.engine.admission.peak_reserved = 0
     requests = [
         GenerationRequest(tuple(range(start + i, start + i + 20)), MAX_TOKENS) for i in range(4)
     ]

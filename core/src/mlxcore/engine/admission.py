@@ -2,8 +2,8 @@
 cache within the memory budget), and how waiting ones end (cancelled, past
 ``--max-queue-wait``, a fault, shutdown).
 
-:class:`Admission` is the engine's queue half; :class:`~mlxcore.engine.engine.Engine`
-holds the state it reads (the caller holds the engine's lock unless a method says not).
+:class:`Admission` is an object the :class:`~mlxcore.engine.engine.Engine` owns and
+calls under its lock.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import attrs
 
 from mlxcore.config import ServerConfig
 from mlxcore.engine.adapters import missing as adapter_missing
@@ -58,66 +60,71 @@ def admission_order(
     return sorted(waiting, key=rank)
 
 
+@attrs.define(eq=False)
 class Admission:
-    """The engine's waiting requests and jobs, and the rules that admit them."""
+    """The engine's waiting requests and jobs, and the rules that admit them.
+
+    The engine owns one and calls it under its lock (``Engine._wake``) from the engine
+    thread, except :meth:`waiting_ended` (any thread) and what the engine's caller side
+    does under the same lock (queueing, ending the queue at shutdown).
+    """
 
     model: Any
     config: ServerConfig
     memory: MemoryBudget
     pool_seat: PoolSeat
     jobs: JobQueue
-    _waiting: collections.deque[RequestHandle]
-    expired: int
-    peak_reserved: int
-    _stopping: bool
+    waiting: collections.deque[RequestHandle] = attrs.field(factory=collections.deque)
+    """Requests queued, in arrival order."""
+    expired: int = 0
+    """Requests ended for waiting longer than ``--max-queue-wait``."""
+    peak_reserved: int = 0
+    """The most cache bytes admitted requests could hold at once, so far."""
+    stopping: bool = False
+    """The engine drains for shutdown: nothing is admitted, nothing is paused."""
     _interactive_at: float = float("-inf")
     """When an interactive (not background) request was last seen waiting or running."""
     _pausing: bool = False
-    """Background requests are held back this round (:meth:`_background_pause`)."""
-
-    _waiting_cancels = False
+    """Background requests are held back this round (:meth:`background_pause`)."""
+    _waiting_cancels: bool = False
     """A request was ended early while it waited (set by its handle): the next look at
     the queue drops it (a scan per cancellation, not per step)."""
 
-    def _waiting_ended(self, handle: RequestHandle) -> None:
+    def waiting_ended(self, handle: RequestHandle) -> None:
         """A handle's ``on_end`` until it is admitted (any thread)."""
         self._waiting_cancels = True
 
-    def _drop_cancelled_waiting(self) -> None:
+    def drop_cancelled(self) -> None:
         """Requests cancelled while queued leave the queue at once."""
         if not self._waiting_cancels:
             return
         self._waiting_cancels = False
         keep: collections.deque[RequestHandle] = collections.deque()
-        for handle in self._waiting:
+        for handle in self.waiting:
             if handle.cancel_reason is None:
                 keep.append(handle)
             else:
-                self._end(handle, handle.cancel_reason)
-        self._waiting = keep
+                end(handle, handle.cancel_reason)
+        self.waiting = keep
 
-    def _expire_waiting(self) -> None:
+    def expire(self) -> None:
         """Requests that waited longer than ``--max-queue-wait`` end as overloaded."""
         limit = self.config.max_queue_wait
-        if limit <= 0 or not self._waiting:
+        if limit <= 0 or not self.waiting:
             return
         oldest = time.monotonic() - limit
-        while self._waiting and self._waiting[0].queued_at < oldest:
-            handle = self._waiting.popleft()
+        while self.waiting and self.waiting[0].queued_at < oldest:
+            handle = self.waiting.popleft()
             self.expired += 1
-            self._end(handle, "error", OVERLOADED, f"waited more than {limit:g} s in the queue")
+            end(handle, "error", OVERLOADED, f"waited more than {limit:g} s in the queue")
 
-    def _end_waiting(self, code: str, error: str) -> None:
-        while self._waiting:
-            self._end(self._waiting.popleft(), "error", code, error)
+    def end_all(self, code: str, error: str) -> None:
+        """End every waiting request and job with ``error``."""
+        while self.waiting:
+            end(self.waiting.popleft(), "error", code, error)
         self.jobs.fail_waiting(EngineUnavailable(error))
 
-    @staticmethod
-    def _end(handle: RequestHandle, reason: str, code: str | None = None, error: str = "") -> None:
-        usage = Usage(len(handle.request.prompt_tokens))
-        send(handle, FinishEvent(reason, usage, error or None, code))
-
-    def _reserved(self, loop: BatchLoop) -> int:
+    def reserved(self, loop: BatchLoop) -> int:
         """Cache bytes the admitted requests may grow to (prompt + max_tokens each), and
         the bytes of the running job."""
         return self.jobs.reserved + sum(
@@ -125,12 +132,18 @@ class Admission:
             for live in list(loop.live.values())
         )
 
-    def _take_job(self, loop: BatchLoop) -> ModelJob | None:
+    def cost(self, handles: Sequence[RequestHandle]) -> int:
+        """Cache bytes ``handles`` may grow to (prompt + max_tokens each)."""
+        return sum(
+            self.memory.cost(len(h.request.prompt_tokens) + h.request.max_tokens) for h in handles
+        )
+
+    def take_job(self, loop: BatchLoop) -> ModelJob | None:
         """Start the next job after this step, if its bytes fit beside the admitted
         requests (nothing is computed while no job waits: this runs every iteration)."""
         if not self.jobs.waiting:
             return None
-        reserved = self._reserved(loop)
+        reserved = self.reserved(loop)
         limit = self.config.max_queue_wait
 
         def fits(need: int) -> bool:
@@ -141,22 +154,22 @@ class Admission:
 
         return self.jobs.take(fits, limit, late)
 
-    def _take_waiting(self, loop: BatchLoop) -> list[RequestHandle]:
+    def take_waiting(self, loop: BatchLoop) -> list[RequestHandle]:
         """Pop the requests that may start now, in :func:`admission_order`: a free slot
         each, and their cache fits the budget left (evicting prefix-cache entries first).
         The first that does not fit stops the round (nothing overtakes it for being
         smaller, so a long prompt is not starved)."""
-        self._drop_cancelled_waiting()
+        self.drop_cancelled()
         now = time.monotonic()
         held = self._background_held(loop, now)
         room = self.config.max_num_seqs - len(loop.live)
-        if room <= 0 or not self._waiting:
-            self._pausing = held and all(self._is_background(h) for h in self._waiting)
+        if room <= 0 or not self.waiting:
+            self._pausing = held and all(self._is_background(h) for h in self.waiting)
             return []
-        reserved = self._reserved(loop)
+        reserved = self.reserved(loop)
         taken: list[RequestHandle] = []
         left: set[int] = set()
-        order = admission_order(self._waiting, now, self.config.priority_aging)
+        order = admission_order(self.waiting, now, self.config.priority_aging)
         for handle in order:
             if room <= 0:
                 break
@@ -164,7 +177,7 @@ class Admission:
                 continue  # idle capacity only: it waits, without holding up the others
             gone = adapter_missing(self.model, handle.request)
             if gone is not None:  # its LoRA adapter was unloaded while it waited
-                self._end(handle, "error", UNAVAILABLE, gone)
+                end(handle, "error", UNAVAILABLE, gone)
                 left.add(id(handle))
                 continue
             need = self.memory.cost(len(handle.request.prompt_tokens) + handle.request.max_tokens)
@@ -175,10 +188,10 @@ class Admission:
             reserved += need
             room -= 1
         if left:
-            self._waiting = collections.deque(h for h in self._waiting if id(h) not in left)
+            self.waiting = collections.deque(h for h in self.waiting if id(h) not in left)
         # an interactive request that could not start (no slot, no memory) gets the paused
         # background rows' room back: they run (and end) again
-        self._pausing = held and all(self._is_background(h) for h in self._waiting)
+        self._pausing = held and all(self._is_background(h) for h in self.waiting)
         self.peak_reserved = max(self.peak_reserved, reserved)
         return taken
 
@@ -190,31 +203,31 @@ class Admission:
         interactive request is waiting or running, or was less than
         ``--background-grace`` seconds ago (an agent's next turn comes right after its
         last), so a batch starts no new line in front of it."""
-        if any(not self._is_background(h) for h in self._waiting) or any(
+        if any(not self._is_background(h) for h in self.waiting) or any(
             not self._is_background(live.handle) for live in list(loop.live.values())
         ):
             self._interactive_at = now
         return now - self._interactive_at < self.config.background_grace
 
-    def _background_pause(self) -> Callable[[RequestHandle], bool] | None:
+    def background_pause(self) -> Callable[[RequestHandle], bool] | None:
         """Which running requests sit the next step out (``None``: none): the background
         ones, while :meth:`_background_held` holds and no interactive request waits (the
         decoder holds their caches; they go on where they stopped); none while the engine
         drains for shutdown."""
-        return self._is_background if self._pausing and not self._stopping else None
+        return self._is_background if self._pausing and not self.stopping else None
 
-    def _held_wait(self, loop: BatchLoop, admitted: list[RequestHandle]) -> float:
+    def held_wait(self, loop: BatchLoop, admitted: list[RequestHandle]) -> float:
         """Seconds to sleep when the only work left is background work held back by
         :meth:`_background_held`, waiting or paused (0: there is work to do)."""
-        if not self._pausing or self._stopping or admitted or loop.has_work():
+        if not self._pausing or self.stopping or admitted or loop.has_work():
             return 0.0
         if self.jobs.running is not None or self.jobs.waiting:
             return 0.0
-        if not (self._waiting or loop.paused):
+        if not (self.waiting or loop.paused):
             return 0.0
         return max(0.005, self._interactive_at + self.config.background_grace - time.monotonic())
 
-    def _gather_wait(self, loop: BatchLoop) -> float:
+    def gather_wait(self, loop: BatchLoop) -> float:
         """Seconds to wait before admitting requests that reach an idle engine in a burst
         (``--burst-gather``; 0: admit now). Clients that send many requests at once reach
         the engine a few milliseconds apart (each is parsed and templated first); started
@@ -222,13 +235,13 @@ class Admission:
         steps. So with nothing running, admission waits until no request has arrived for
         the gather time, at most :data:`GATHER_CAP` times it from the first arrival."""
         gather = self.config.burst_gather
-        if gather <= 0 or self._stopping or not self._waiting or loop.live:
+        if gather <= 0 or self.stopping or not self.waiting or loop.live:
             return 0.0
         if self.jobs.running is not None or self.jobs.waiting:
             return 0.0
         now = time.monotonic()
-        quiet = self._waiting[-1].queued_at + gather - now
-        cap = self._waiting[0].queued_at + GATHER_CAP * gather - now
+        quiet = self.waiting[-1].queued_at + gather - now
+        cap = self.waiting[0].queued_at + GATHER_CAP * gather - now
         return max(0.0, min(quiet, cap))
 
     def _fits(self, loop: BatchLoop, reserved: int) -> bool:
@@ -251,6 +264,12 @@ class Admission:
             self.pool_seat.reclaim(reserved - budget)
             budget = self.memory.kv_budget(held_bytes(loop))
         return budget is None or reserved <= budget
+
+
+def end(handle: RequestHandle, reason: str, code: str | None = None, error: str = "") -> None:
+    """End a request that never started (its usage: the prompt only)."""
+    usage = Usage(len(handle.request.prompt_tokens))
+    send(handle, FinishEvent(reason, usage, error or None, code))
 
 
 def held_bytes(loop: BatchLoop) -> int:

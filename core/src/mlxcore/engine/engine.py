@@ -1,24 +1,17 @@
 """The engine: one generation thread that owns MLX, fed through a bounded queue, supervised.
 
-Every front end (the CLI's ``generate``, the HTTP server) submits
-:class:`~mlxcore.engine.request.GenerationRequest` objects here and receives events
-through a sink. The generation thread runs a :class:`~mlxcore.engine.loop.BatchLoop`
-(continuous batching over the cache, prefill and decoder strategies). Around it the
-engine owns what must hold whatever a strategy does:
-
-* **admission**: a request leaves the waiting queue when a batch slot is free
-  (``--max-num-seqs``) and its cache (prompt + max_tokens) fits the memory budget left
-  by the weights, the prefix cache (evicted first) and, in a multi-model server, what the
-  other models hold; requests waiting past ``--max-queue-wait`` end as overloaded;
-* **supervision**: an exception the loop cannot contain, or a step that makes no
-  progress for ``--engine-watchdog`` seconds, fails every open request (clients get a
-  retryable error, never a hang), marks the engine unavailable and restarts it with
-  fresh strategies, at most ``--engine-max-restarts`` times in ten minutes; after that
-  the engine stays failed (``/health`` 503, ``mlxcore serve`` exits non-zero);
-* **model jobs** (embeddings): other work on the model runs here too, between two steps,
-  under the same budget and watchdog (:mod:`mlxcore.engine.jobs`);
-* **shutdown**: stop admitting, answer the waiting requests, give the running ones a
-  deadline, then end them.
+Every front end submits :class:`~mlxcore.engine.request.GenerationRequest` objects here
+and receives events through a sink. The generation thread plans under the engine's lock
+(:class:`~mlxcore.engine.admission.Admission` takes waiting requests whose slot and cache
+bytes fit the memory budget; nothing to do: it waits there), then steps a
+:class:`~mlxcore.engine.loop.BatchLoop` outside it, and publishes an
+:class:`~mlxcore.engine.snapshot.EngineSnapshot` for the other threads. Around the loop:
+**supervision** (an exception the loop cannot contain, or a step stuck past
+``--engine-watchdog``, fails every open request with a retryable error and restarts with
+fresh strategies, within :mod:`mlxcore.engine.supervision`'s budget), **model jobs**
+(embeddings and the like, between two steps, :mod:`mlxcore.engine.jobs`) and
+**shutdown** (stop admitting, answer the waiting requests, give the running ones a
+deadline, then end them).
 """
 
 from __future__ import annotations
@@ -29,14 +22,15 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import attrs
 import mlx.core as mx
 
 from mlxcore.config import ServerConfig
 from mlxcore.engine.adapters import adapters_of
-from mlxcore.engine.admission import Admission, EngineOverloaded, EngineUnavailable, held_bytes
+from mlxcore.engine.admission import Admission, EngineOverloaded, EngineUnavailable
 from mlxcore.engine.events import (
     UNAVAILABLE,
     Event,
@@ -52,8 +46,10 @@ from mlxcore.engine.memory import MemoryBudget, release_memory
 from mlxcore.engine.parts import EngineParts
 from mlxcore.engine.prefix_pool import PrefixPool
 from mlxcore.engine.request import GenerationRequest
+from mlxcore.engine.snapshot import EngineSnapshot
 from mlxcore.engine.step_sync import StepSync
 from mlxcore.engine.strategies import CacheStrategy, Decoder, PrefillStrategy
+from mlxcore.engine.supervision import Restarts
 from mlxcore.engine.threads import run_job
 from mlxcore.engine.validation import ModelLimits, RequestRejected, check_request
 from mlxcore.errors import UsageError
@@ -63,17 +59,24 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Engine", "EngineOverloaded", "EngineParts", "EngineUnavailable", "RequestRejected"]
 
-RESTART_WINDOW = 600.0
-"""Seconds over which ``--engine-max-restarts`` is counted."""
-
 IDLE_RELEASE_SECONDS = 1.0
 """Idle time after which unused memory is given back to the system."""
 
-RESTART_BACKOFF = 2.0
-"""Seconds the engine stays unavailable after a fault before it admits again."""
+
+@attrs.frozen
+class StepPlan:
+    """What the engine thread does outside its lock (:meth:`Engine._plan`): a step of
+    ``loop`` admitting ``admitted`` (``waiting``: the queue, for prefetching), or with
+    ``pause``, an idle pause of the distributed ranks in step with ``sync``."""
+
+    loop: BatchLoop
+    admitted: list[RequestHandle]
+    waiting: list[RequestHandle]
+    sync: StepSync | None
+    pause: bool = False
 
 
-class Engine(Admission):
+class Engine:
     """Continuous-batching generation over one model, supervised.
 
     Args:
@@ -143,9 +146,10 @@ class Engine(Admission):
                         f"LoRA adapters: the {part.name!r} {kind} does not run adapters "
                         "per row; serve adapters with the plain decoder and chunked prefill"
                     )
-        self._waiting: collections.deque[RequestHandle] = collections.deque()
         self.jobs = JobQueue()
         """Model work besides generation (embeddings), run between steps."""
+        self.admission = Admission(model, config, self.memory, self.pool_seat, self.jobs)
+        """The waiting requests and jobs, and the rules that admit them (under the lock)."""
         self._wake = threading.Condition()
         self._uids = itertools.count(1)
         self._epoch = 0
@@ -156,19 +160,15 @@ class Engine(Admission):
         self.reason = ""
         """Why the engine is not running (empty while it is)."""
         self._busy_since: float | None = None
-        self._stopping = False
         self._drain_deadline = 0.0
-        self._restarts: list[float] = []
-        self._available_at = 0.0
+        self.restarts = Restarts(config.engine_max_restarts)
+        """Faults seen and restarts spent."""
         self._idle_cleared = True
         self._idle_since: float | None = None
-        self.faults: collections.Counter[str] = collections.Counter()
-        self.expired = 0
-        self.peak_reserved = 0
-        """The most cache bytes admitted requests could hold at once, so far."""
         self.step_sync: StepSync | None = None
         """Set on rank 0 of a distributed engine (:mod:`mlxcore.distributed.lockstep`):
         every step is announced to the other ranks first; faults are final."""
+        self._published = EngineSnapshot.of(self._loop, self.admission, None)
         log.info(
             "engine strategies: cache=%s prefill=%s decoder=%s",
             self.cache.name,
@@ -211,7 +211,7 @@ class Engine(Admission):
         with self._wake:
             if self.state in ("running", "restarting", "failed", "stopping"):
                 return
-            self._stopping = False
+            self.admission.stopping = False
             self.state, self.reason = "running", ""
             self._epoch += 1
             epoch = self._epoch
@@ -229,12 +229,12 @@ class Engine(Admission):
         (idempotent); :meth:`shutdown` waits for the end."""
         grace = self.config.shutdown_timeout if timeout is None else timeout
         with self._wake:
-            if self.state in ("new", "stopped", "failed") or self._stopping:
+            if self.state in ("new", "stopped", "failed") or self.admission.stopping:
                 return
-            self._stopping = True
+            self.admission.stopping = True
             self.state, self.reason = "stopping", "the server is shutting down"
             self._drain_deadline = time.monotonic() + grace
-            self._end_waiting(UNAVAILABLE, "the server is shutting down")
+            self.admission.end_all(UNAVAILABLE, "the server is shutting down")
             self._wake.notify_all()
 
     def shutdown(self, timeout: float | None = None) -> None:
@@ -276,16 +276,17 @@ class Engine(Admission):
         check_request(request, self.limits)
         if self.state == "new":
             self.start()
-        handle = RequestHandle(next(self._uids), request, sink, on_admitted, self._waiting_ended)
+        admission = self.admission
+        handle = RequestHandle(
+            next(self._uids), request, sink, on_admitted, admission.waiting_ended
+        )
         with self._wake:
-            if self.state != "running" or time.monotonic() < self._available_at:
+            if self.state != "running" or self.restarts.backing_off():
                 raise EngineUnavailable(self.reason or "the engine is restarting")
-            self._drop_cancelled_waiting()
-            if len(self._waiting) >= self.config.max_queue_size:
-                raise EngineOverloaded(
-                    f"server busy: {len(self._waiting)} requests already waiting"
-                )
-            self._waiting.append(handle)
+            admission.drop_cancelled()
+            if len(admission.waiting) >= self.config.max_queue_size:
+                raise EngineOverloaded(f"server busy: {len(admission.waiting)} requests waiting")
+            admission.waiting.append(handle)
             self._wake.notify()
         return handle
 
@@ -299,7 +300,7 @@ class Engine(Admission):
             self.start()
         job = ModelJob(kind, work, cost)
         with self._wake:
-            if self.state != "running" or time.monotonic() < self._available_at:
+            if self.state != "running" or self.restarts.backing_off():
                 raise EngineUnavailable(self.reason or "the engine is restarting")
             if self.step_sync is not None:  # the other ranks would not run it in step
                 raise RequestRejected(f"a distributed engine runs no {kind} jobs", "model")
@@ -325,10 +326,14 @@ class Engine(Admission):
     def health(self) -> tuple[bool, str, str]:
         """``(ok, state, reason)``: ok while the engine runs and admits."""
         with self._wake:
-            restarting = time.monotonic() < self._available_at
-            ok = self.state in ("running", "new") and not restarting
+            ok = self._up()
+            restarting = self.restarts.backing_off()
             state = "restarting" if restarting and self.state == "running" else self.state
             return ok, state, "" if ok else self.reason
+
+    def _up(self) -> bool:
+        """Running (or not yet started) and admitting (caller holds the lock)."""
+        return self.state in ("running", "new") and not self.restarts.backing_off()
 
     def live_requests(self) -> list[GenerationRequest]:
         """The requests admitted now (prefilling, waiting for a shared prefix, decoding).
@@ -336,98 +341,115 @@ class Engine(Admission):
         return [live.request for live in list(self._loop.live.values())]
 
     def stats(self) -> dict[str, float]:
-        """Load, memory, supervision and strategy counters (snapshots, any thread)."""
-        loop = self._loop
-        cache = loop.cache.stats()
-        out: dict[str, float] = {
-            "requests_running": len(loop.live),
-            "requests_waiting": len(self._waiting),
-            "requests_expired_in_queue": self.expired,
-            "prompt_tokens_processed": self.counters["prompt_tokens_processed"],
-            "prefill_shared_prefix_waits": self.counters["prefill_shared_prefix_waits"],
-            "decode_step_failures": self.counters["decode_step_failures"],
-            "decode_sequences_isolated": loop.quarantine.isolated,
-            "engine_up": 1.0 if self.health()[0] else 0.0,
-            "engine_restarts": len(self._restarts),
-            "engine_faults": sum(self.faults.values()),
-            **self.jobs.stats(),
-            **cache.gauges(),
-            **self.memory.gauges(held_bytes(loop), self._reserved(loop), self.peak_reserved),
-        }
-        if self.step_sync is not None:
-            out.update({f"distributed_{k}": v for k, v in self.step_sync.stats().items()})
-        try:
-            out.update({f"decoder_{k}": v for k, v in loop.decoder.stats().items()})
-            out.update({f"prefill_{k}": v for k, v in loop.prefill.stats().items()})
-        except Exception:
-            log.exception("a strategy's stats() failed")
-        return out
+        """Load, memory, supervision and strategy counters (any thread): the figures the
+        engine thread published after its latest step (:class:`EngineSnapshot`), with the
+        queue's and the supervisor's, read under the lock."""
+        with self._wake:
+            return {
+                **self._published.figures,
+                "requests_waiting": len(self.admission.waiting),
+                "requests_expired_in_queue": self.admission.expired,
+                "engine_up": 1.0 if self._up() else 0.0,
+                "engine_restarts": len(self.restarts.recent),
+                "engine_faults": sum(self.restarts.faults.values()),
+            }
 
     def memory_held(self) -> int:
         """Bytes held or promised beside the weights (any thread): what the admitted
-        requests' caches may grow to, and the prefix cache."""
-        loop = self._loop
-        return self._reserved(loop) + loop.cache.stats().nbytes
+        requests' caches may grow to (published by the engine thread each step and at
+        each admission) and the prefix cache (its strategy's own count, which the prefix
+        pool reads from any thread too)."""
+        try:
+            prefix = int(self.cache.stats().nbytes)
+        except Exception:  # a cache being replaced after a fault
+            prefix = 0
+        return self._published.reserved + prefix
 
-    # -- engine thread ----------------------------------------------------
+    def _publish(self, loop: BatchLoop, admitted: Sequence[RequestHandle] = ()) -> None:
+        """Replace the snapshot other threads read (engine thread: after each step, and
+        at admission with the ``admitted`` requests the next step starts)."""
+        self._published = EngineSnapshot.of(loop, self.admission, self.step_sync, admitted)
 
     def _run(self, stream: Any, epoch: int, fresh: bool) -> None:
+        """The generation thread: plan under the lock (waiting there while there is
+        nothing to step), then step outside it; once drained, end what is left."""
         with mx.stream(stream):
             if fresh and not self._install_fresh_loop(epoch):
                 return
             while True:
                 with self._wake:
-                    if epoch != self._epoch:
-                        return  # superseded: a hung step was abandoned
-                    loop = self._loop
-                    sync = self.step_sync
-                    idle = self._idle(loop)
-                    if idle and sync is None:
-                        self._wait_idle(loop)
-                        continue
-                    if not idle:
-                        if self._stopping and self._drained(loop):
-                            break
-                        self._expire_waiting()
-                        gather = self._gather_wait(loop) if sync is None else 0.0
-                        if gather:  # a burst is arriving at an idle engine: start it whole
-                            self._wake.wait(timeout=gather)
-                            continue
-                        admitted = [] if self._stopping else self._take_waiting(loop)
-                        if self.jobs.running is None and not self._stopping:
-                            self._take_job(loop)
-                        held = self._held_wait(loop, admitted) if sync is None else 0.0
-                        if held:  # only background work, held back: nothing to step
-                            self._wake.wait(timeout=held)
-                            continue
-                        waiting = list(self._waiting)
-                if idle and sync is not None:
-                    if not self._pause(epoch, sync, loop):
-                        return
+                    plan = self._plan(epoch)
+                if plan is None:  # it waited: look again
                     continue
-                self._busy_since = time.monotonic()
-                try:
-                    if sync is not None:
-                        admitted = sync.lead(loop, admitted)
-                    with step_batch():  # the step's events reach each event loop together
-                        loop.iterate(admitted, self._background_pause() if sync is None else None)
-                    self.jobs.step()
-                    loop.prefetch(waiting)
-                except Exception as exc:
-                    self._busy_since = None
-                    if not self._recover(epoch, exc):
-                        if self.state == "failed":  # followers stop now, not at a deadline
-                            self._close_sync()
-                        return
-                    continue
-                self._busy_since = None
-                self._idle_cleared = False
-                self._idle_since = None
+                if plan == "superseded":  # a hung step was abandoned
+                    return
+                if plan == "drained":
+                    break
+                assert isinstance(plan, StepPlan)
+                ran = self._pause_ranks(epoch, plan) if plan.pause else self._step(epoch, plan)
+                if not ran:
+                    return
             with self._wake:
                 if epoch == self._epoch:
                     self._loop.fail_all("the server is shutting down", UNAVAILABLE)
                     self.jobs.fail_running(EngineUnavailable("the server is shutting down"))
             self._close_sync()
+
+    def _plan(self, epoch: int) -> StepPlan | str | None:
+        """What the thread does next (caller holds the lock): a :class:`StepPlan`,
+        ``"superseded"`` or ``"drained"`` (the thread ends), or ``None`` after waiting
+        here (idle, a burst gathering, only held-back background work)."""
+        if epoch != self._epoch:
+            return "superseded"
+        loop, sync, admission = self._loop, self.step_sync, self.admission
+        if self._idle(loop):
+            if sync is not None:  # the other ranks wait in step with this one
+                return StepPlan(loop, [], [], sync, pause=True)
+            self._wait_idle(loop)
+            return None
+        if admission.stopping and self._drained(loop):
+            return "drained"
+        admission.expire()
+        gather = admission.gather_wait(loop) if sync is None else 0.0
+        if gather:  # a burst is arriving at an idle engine: start it whole
+            self._wake.wait(timeout=gather)
+            return None
+        admitted = [] if admission.stopping else admission.take_waiting(loop)
+        job = None
+        if self.jobs.running is None and not admission.stopping:
+            job = admission.take_job(loop)
+        if admitted or job is not None:  # other models' admission sees them at once
+            self._publish(loop, admitted)
+        held = admission.held_wait(loop, admitted) if sync is None else 0.0
+        if held:  # only background work, held back: nothing to step
+            self._wake.wait(timeout=held)
+            return None
+        return StepPlan(loop, admitted, list(admission.waiting), sync)
+
+    def _step(self, epoch: int, plan: StepPlan) -> bool:
+        """Run one step of ``plan`` (outside the lock). False: the thread stops."""
+        loop, admitted, sync = plan.loop, plan.admitted, plan.sync
+        self._busy_since = time.monotonic()
+        try:
+            if sync is not None:
+                admitted = sync.lead(loop, admitted)
+            pause = self.admission.background_pause() if sync is None else None
+            with step_batch():  # the step's events reach each event loop together
+                loop.iterate(admitted, pause)
+            self.jobs.step()
+            loop.prefetch(plan.waiting)
+        except Exception as exc:
+            self._busy_since = None
+            if self._recover(epoch, exc):
+                return True
+            if self.state == "failed":  # followers stop now, not at a deadline
+                self._close_sync()
+            return False
+        self._busy_since = None
+        self._idle_cleared = False
+        self._idle_since = None
+        self._publish(loop)
+        return True
 
     def _close_sync(self) -> None:
         """Tell the other ranks of a distributed engine to stop (best effort)."""
@@ -438,9 +460,10 @@ class Engine(Admission):
             log.warning("could not tell the other ranks to stop: %s", exc)
 
     def _idle(self, loop: BatchLoop) -> bool:
-        if self._stopping:
+        if self.admission.stopping:
             return False
-        return not (self._waiting or loop.live or self.jobs.waiting or self.jobs.running)
+        waiting = self.admission.waiting
+        return not (waiting or loop.live or self.jobs.waiting or self.jobs.running)
 
     def _wait_idle(self, loop: BatchLoop, timeout: float = IDLE_RELEASE_SECONDS / 2) -> None:
         """Nothing to do: sleep until woken (at most ``timeout``); once idle for
@@ -454,19 +477,20 @@ class Engine(Admission):
             release_memory()
         self._wake.wait(timeout=timeout)
 
-    def _pause(self, epoch: int, sync: StepSync, loop: BatchLoop) -> bool:
+    def _pause_ranks(self, epoch: int, plan: StepPlan) -> bool:
         """Idle with other ranks in step: pause them all, then wait (no longer than the
         pause) for work. False: the pause failed and the engine stops."""
+        assert plan.sync is not None
         self._busy_since = time.monotonic()  # a lost rank can hang the pause too
         try:
-            seconds = sync.pause()
+            seconds = plan.sync.pause()
         except Exception as exc:
             self._busy_since = None
             return self._recover(epoch, exc)
         self._busy_since = None
         with self._wake:
-            if self._idle(loop):
-                self._wait_idle(loop, seconds)
+            if self._idle(plan.loop):
+                self._wait_idle(plan.loop, seconds)
         return True
 
     def _drained(self, loop: BatchLoop) -> bool:
@@ -487,10 +511,10 @@ class Engine(Admission):
         with self._wake:
             if epoch != self._epoch:
                 return False
-            self.faults["exception"] += 1
+            self.restarts.faults["exception"] += 1
             reason = f"engine fault ({type(exc).__name__}){self._restart_note(exc)}"
             self._loop.fail_all(reason, UNAVAILABLE)
-            self._end_waiting(UNAVAILABLE, reason)
+            self.admission.end_all(UNAVAILABLE, reason)
             self.jobs.fail_running(EngineUnavailable(reason))
             if not self._may_restart(reason):
                 return False
@@ -503,21 +527,17 @@ class Engine(Admission):
 
     def _may_restart(self, reason: str) -> bool:
         """Count a restart, or mark the engine failed for good (caller holds the lock)."""
-        now = time.monotonic()
-        self._restarts = [t for t in self._restarts if now - t < RESTART_WINDOW]
         if self.step_sync is not None:
             # the other ranks cannot rebuild in step with this one
             self.state = "failed"
             self.reason = reason
             log.critical("engine failed for good: %s", self.reason)
             return False
-        if len(self._restarts) >= self.config.engine_max_restarts:
+        if not self.restarts.spend():
             self.state = "failed"
             self.reason = f"{reason.removesuffix('; restarting')}; no restarts left"
             log.critical("engine failed for good: %s", self.reason)
             return False
-        self._restarts.append(now)
-        self._available_at = now + RESTART_BACKOFF
         self.reason = reason
         return True
 
@@ -535,7 +555,9 @@ class Engine(Admission):
             if epoch != self._epoch:
                 return False
             old, self._loop = self._loop, loop
-            log.warning("engine restarted with fresh strategies (%d restarts)", len(self._restarts))
+            self._publish(loop)
+            spent = len(self.restarts.recent)
+            log.warning("engine restarted with fresh strategies (%d restarts)", spent)
         # the old cache may flush files: not on the engine thread
         threading.Thread(target=_close_cache, args=(old,), daemon=True).start()
         return True
@@ -571,10 +593,10 @@ class Engine(Admission):
                 if stuck < period:
                     continue
                 log.critical("engine step made no progress for %.1f s", stuck)
-                self.faults["hang"] += 1
+                self.restarts.faults["hang"] += 1
                 reason = f"engine step made no progress for {stuck:.0f} s{self._restart_note()}"
                 self._abandon_loop(reason)
-                self._end_waiting(UNAVAILABLE, reason)
+                self.admission.end_all(UNAVAILABLE, reason)
                 if not self._may_restart(reason):
                     continue
                 self._thread_done = run_job(self._fresh_job(self._epoch))

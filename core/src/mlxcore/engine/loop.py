@@ -48,7 +48,6 @@ from mlxcore.engine.events import (
 )
 from mlxcore.engine.parking import park, unpark
 from mlxcore.engine.parts import EngineParts
-from mlxcore.engine.pausing import own_cache, pause_rows
 from mlxcore.engine.prefill_pacer import PrefillPacer
 from mlxcore.engine.prefill_plan import plan_step
 from mlxcore.engine.quarantine import Quarantine
@@ -142,12 +141,12 @@ class BatchLoop:
         self, admitted: list[RequestHandle], pause: Callable[[RequestHandle], bool] | None = None
     ) -> None:
         """Admit ``admitted``, do one step's prefill work, run one decode step (``pause``:
-        which decoding requests sit this step out, see
-        :func:`~mlxcore.engine.pausing.pause_rows`)."""
+                which decoding requests sit this step out, see
+        :meth:`pause_rows`)."""
         for handle in admitted:
             self.admit(handle)
         self.retire_cancelled()
-        pause_rows(self, pause)
+        self.pause_rows(pause)
         unpark(self)
         started = time.perf_counter()
         chunk = self.prefill_step() if self.prefilling else 0
@@ -155,6 +154,32 @@ class BatchLoop:
         if decoded:
             self.decode_step()
         self.pacer.observe(time.perf_counter() - started, chunk, decoded)
+
+    def pause_rows(self, pause: Callable[[RequestHandle], bool] | None) -> None:
+        """Take the decoding requests that ``pause`` picks out of the batch (background
+        work sitting out while interactive work runs; the ones already out stay out).
+        The decoder's :meth:`~mlxcore.engine.strategies.Decoder.hold` gives each back with
+        its own cache and the token it had sampled but not reported (sent now); they go
+        on with exactly the tokens they would have produced. With ``pause`` ``None``, or
+        a decoder that cannot hold sequences, every paused one goes back in."""
+        if pause is None or not self.decoder.supports_hold:
+            for uid in list(self.paused):
+                seq = self.paused.pop(uid)
+                if uid in self.live:
+                    self.decoder.add(seq)
+            return
+        chosen = {
+            uid
+            for uid, live in self.live.items()
+            if live.seq is not None and uid not in self.paused and pause(live.handle)
+        }
+        for item in self.decoder.hold(chosen) if chosen else []:
+            live = self.live[item.seq.uid]
+            live.seq = item.seq
+            if item.unreported and self.emit(live, item.unreported):
+                self.retire(live, item.seq.own_cache())
+            else:
+                self.paused[item.seq.uid] = item.seq
 
     def admit(self, handle: RequestHandle) -> None:
         req = handle.request
@@ -391,7 +416,7 @@ class BatchLoop:
         live.prefill = None
         live.seq = seq
         if self.emit(live, [first]):
-            self.retire(live, own_cache(seq))
+            self.retire(live, seq.own_cache())
             return
         try:
             self.decoder.add(seq)
@@ -450,7 +475,7 @@ class BatchLoop:
                 continue
             owner.seq = item.seq
             if item.unreported and self.emit(owner, item.unreported):
-                self.retire(owner, own_cache(item.seq))
+                self.retire(owner, item.seq.own_cache())
             else:
                 survivors.append(item.seq)
         # nobody suspected failed anyway (the cause is not one sequence): suspect all again
@@ -509,7 +534,7 @@ class BatchLoop:
             elif live.seq is not None and live.handle.cancel_reason is not None:
                 self._ending.discard(uid)
                 seq = self.paused.pop(uid, None)
-                own = self.decoder.remove(uid) if seq is None else own_cache(seq)
+                own = self.decoder.remove(uid) if seq is None else seq.own_cache()
                 self.retire(live, own)
 
     def retire(self, live: AdmittedRequest, own: SequenceCache | None) -> None:

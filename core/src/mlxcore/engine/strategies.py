@@ -406,6 +406,10 @@ class DecodeSequence:
     """``tokens`` as an MLX array for the logits processors, converted incrementally
     (``seq.context.array(seq.tokens)``)."""
 
+    def own_cache(self) -> SequenceCache:
+        """This sequence's cache outside the decoder: every token but the next to feed."""
+        return SequenceCache(self.cache, len(self.tokens) - 1)
+
 
 @attrs.define
 class SequenceCache:
