@@ -76,6 +76,26 @@ def offline_hub(logs: Path) -> Any:
                 os.environ[key] = value
 
 
+@contextlib.contextmanager
+def empty_hub(logs: Path) -> Any:
+    """The server's Hugging Face Hub: a local stand-in that has no repos, so a pull of
+    any name is a documented 404 (the contract run checks every status it sees)."""
+    from mlxcore.testing.hub import LocalHub
+
+    hub = LocalHub({})
+    saved = {k: os.environ.get(k) for k in ("HF_ENDPOINT", "HF_HOME", "HF_HUB_OFFLINE")}
+    os.environ.update(HF_ENDPOINT=hub.url, HF_HOME=str(logs / "hf-home"), HF_HUB_OFFLINE="0")
+    try:
+        yield
+    finally:
+        hub.close()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def run_fuzz(logs: Path, model: str | None, total: int) -> dict[str, Any]:
     with offline_hub(logs), serving(logs, model, *LORA_ARGS, *SERVE_ARGS) as server:
         before = greedy_reference(server)
@@ -106,7 +126,7 @@ def run_contract(logs: Path, model: str | None, examples: int) -> dict[str, Any]
         from mlxcore.testing.models import build_test_model
 
         model = str(build_test_model(contract.DEFAULT_MODEL))
-    with offline_hub(logs), serving(logs, model, *contract.SERVE_FLAGS, *SERVE_ARGS) as server:
+    with empty_hub(logs), serving(logs, model, *contract.SERVE_FLAGS, *SERVE_ARGS) as server:
         before = greedy_reference(server)
         figures, problems = contract.run(server.base_url, logs, examples=examples, seed=2026)
         if greedy_reference(server) != before:
@@ -260,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=None, help="model to serve (default: embedded)")
     parser.add_argument("--smoke", action="store_true", help="a two-minute subset")
     parser.add_argument("--fuzz-requests", type=int, default=2200)
-    parser.add_argument("--contract-examples", type=int, default=25)
+    parser.add_argument("--contract-examples", type=int, default=10)
     parser.add_argument("--soak-seconds", type=float, default=600.0)
     parser.add_argument("--only", nargs="*", default=["fuzz", "contract", "load", "faults", "soak"])
     parser.add_argument("--out", type=Path, default=Path("reliability-results.json"))

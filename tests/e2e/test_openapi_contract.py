@@ -130,6 +130,37 @@ CASES = [
         False,
     ),
     (RESPONSES, {"input": [{"type": "reasoning"}, {"role": "user", "content": "hi"}]}, True),
+    # rules between fields, stated in the document (issue 61)
+    (CHAT, chat(tool_choice="required"), False),
+    (CHAT, chat(tool_choice="required", tools=[]), False),
+    (CHAT, chat(tool_choice="none"), True),
+    (CHAT, chat(tool_choice={"type": "function", "function": {}}, tools=tool()), False),
+    (CHAT, chat(top_logprobs=2), False),
+    (CHAT, chat(top_logprobs=2, logprobs=True), True),
+    (CHAT, chat(messages=[{"role": "system", "content": "s", "tool_calls": [{}]}, *USER]), False),
+    (COMPLETIONS, {"prompt": "hi", "max_tokens": 2, "guided_grammar": ""}, False),
+    (COMPLETIONS, {"prompt": "hi", "max_tokens": 2, "guided_choice": []}, False),
+    (RESPONSES, {"input": "hi", "tool_choice": "required"}, False),
+    (
+        RESPONSES,
+        {"input": "hi", "tool_choice": {"type": "allowed_tools", "mode": "required"}},
+        False,
+    ),
+    (RESPONSES, {"input": "hi", "tool_choice": {"type": "allowed_tools", "mode": "auto"}}, True),
+    (MESSAGES, {"max_tokens": 2, "messages": USER, "tool_choice": {"type": "any"}}, False),
+    (MESSAGES, {"max_tokens": 2, "messages": USER, "tool_choice": {"type": "auto"}}, True),
+    ("/tokenize", {"prompt": "hi", "messages": USER}, False),
+    ("/tokenize", {"prompt": None, "messages": USER}, True),
+    ("/tokenize", {"content": "hi"}, True),
+    ("/tokenize", {}, False),
+    ("/api/show", {"name": "tiny-qwen3"}, True),
+    ("/api/show", {"model": ""}, False),
+    ("/api/embed", {"model": "tiny-qwen3", "input": []}, False),
+    (
+        "/api/generate",
+        {"model": "tiny-qwen3", "prompt": "hi", "keep_alive": "5 m", "stream": False},
+        False,
+    ),
 ]
 
 

@@ -379,10 +379,11 @@ def generation_budget(
     if cap and room is not None:
         return min(value, room)
     if room is not None and value > room:
-        raise rejected(
+        raise RequestRejected(
             f"{field} {value} plus the prompt's {prompt_len} tokens exceeds the model's "
             f"context of {limit} tokens",
             field,
+            CONTEXT_CODE,
         )
     return value
 

@@ -77,6 +77,18 @@ class Runtime:
         the steps of the running batch: admitted under its memory budget, watched by its
         watchdog. Raises what :meth:`Engine.submit_job` raises; the job's future holds
         the vectors, in order (``job.cancel()`` when nobody waits for them any more)."""
+        work, cost = self.embedding_work(inputs, pooling=pooling, dimensions=dimensions)
+        return self.engine.submit_job("embedding", work, cost)
+
+    def embedding_work(
+        self,
+        inputs: Sequence[Sequence[int]],
+        *,
+        pooling: str = "last",
+        dimensions: int | None = None,
+    ) -> tuple[Callable[[], Generator[None, None, list[list[float]]]], int]:
+        """The job :meth:`embed` submits: its work (a generator, a forward pass per
+        piece) and the bytes it holds at most."""
         from mlxcore.embeddings import embedding_pieces, forward_bytes
 
         model, rows = self.model, [list(ids) for ids in inputs]
@@ -90,7 +102,7 @@ class Runtime:
                 return out
             return embedding_pieces(model, rows, pooling=pooling, dimensions=dimensions)
 
-        return self.engine.submit_job("embedding", work, forward_bytes(model, rows))
+        return work, forward_bytes(model, rows)
 
     def pipeline(
         self,

@@ -21,6 +21,7 @@ import httpx
 from mlxcore.errors import ModelLoadError
 from mlxcore.models.folder import is_complete
 
+
 class DownloadError(ModelLoadError):
     """A download that failed, with what kind of failure it was (``status``, as HTTP
     says it: 404 no such repo or file, 503 the Hub cannot be reached, 502 it answered
@@ -29,6 +30,22 @@ class DownloadError(ModelLoadError):
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)
         self.status = status
+
+
+def _network_errors() -> tuple[type[BaseException], ...]:
+    """What a failed connection raises: huggingface_hub 2.x talks through ``httpx2``,
+    earlier releases and our own downloads through ``httpx``."""
+    kinds: list[type[BaseException]] = [httpx.HTTPError, OSError]
+    try:
+        import httpx2
+
+        kinds.append(httpx2.HTTPError)
+    except ImportError:  # an older huggingface_hub
+        pass
+    return tuple(kinds)
+
+
+NETWORK_ERRORS = _network_errors()
 
 
 CHUNK = 1 << 20
@@ -72,7 +89,7 @@ def download_repo(
         status = exc.response.status_code if exc.response is not None else 502
         kind = 404 if status in (401, 403, 404) else 502
         raise DownloadError(f"cannot get {repo_id} from the Hub: {exc}", kind) from exc
-    except (httpx.HTTPError, OSError) as exc:
+    except NETWORK_ERRORS as exc:
         raise DownloadError(f"cannot reach the Hub for {repo_id}: {exc}", 503) from exc
     commit = info.sha
     if not commit:
@@ -102,7 +119,9 @@ def cached_or_downloaded(
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:
-        here = Path(snapshot_download(repo_id, allow_patterns=list(patterns), local_files_only=True))
+        here = Path(
+            snapshot_download(repo_id, allow_patterns=list(patterns), local_files_only=True)
+        )
         if is_complete(here):
             return here, False
     except LocalEntryNotFoundError:
@@ -130,7 +149,7 @@ def _fetch(
     url = hf_hub_url(repo_id, name, revision=commit)
     try:
         meta = get_hf_file_metadata(url)
-    except (HfHubHTTPError, httpx.HTTPError, OSError) as exc:
+    except (HfHubHTTPError, *NETWORK_ERRORS) as exc:  # type: ignore[misc]
         raise DownloadError(f"cannot get {name} of {repo_id}: {exc}", 503) from exc
     if not meta.etag or meta.size is None:
         raise DownloadError(f"the Hub gave no etag or size for {name} of {repo_id}", 502)

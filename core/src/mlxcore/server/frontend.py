@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 import msgspec
@@ -130,33 +128,6 @@ async def decode_body(request: Request[Any, Any, Any], body_type: type[T]) -> T:
     """The JSON body decoded strictly as ``body_type`` (see :func:`decode_request`)."""
     body, _ = await decode_request(request, body_type)
     return body
-
-
-async def _disconnected(request: Request[Any, Any, Any]) -> None:
-    """Return when the client hangs up (the body must have been read already)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
-async def unless_disconnected(request: Request[Any, Any, Any], work: Awaitable[T]) -> T:
-    """Await ``work``; if the client hangs up first, cancel it (which cancels its engine
-    requests) instead of generating for nobody. Streams need no such guard: Litestar
-    stops a streaming response when the client goes away."""
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            return task.result()
-    finally:
-        for pending in (task, watcher):
-            if not pending.done():
-                pending.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await pending
-    raise APIError(499, "the client closed the connection", code="client_closed_request")
 
 
 def served_names(svc: GenerationService) -> list[str]:

@@ -5,6 +5,7 @@ app's :class:`~mlxcore.server.metrics.Metrics`, nothing asked of the engine thre
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from litestar import Request, Response, get
@@ -107,19 +108,28 @@ METRICS_HISTORY = obj(
         QUERY_OPTION: {"seconds": {"type": "number", "minimum": 0}},
     },
 )
-async def metrics_history(
-    request: Request[Any, Any, Any], seconds: float | None = None
-) -> dict[str, Any]:
+async def metrics_history(request: Request[Any, Any, Any]) -> dict[str, Any]:
     """The last 15 minutes, one point a second (``seconds``: only the newest ones):
     aggregate tokens/s, TTFT p50/p95, inter-token p95, running and waiting requests,
     memory (MLX active, KV reserved, prefix cache, expert cache) and the prefix-cache hit
     rate of the requests that finished in that second. What the dashboard plots."""
     metrics_: Metrics = request.app.state.metrics
-    if seconds is not None and not (math.isfinite(seconds) and seconds >= 0):
-        raise invalid("seconds must be a number of seconds, 0 or more", "seconds")
+    given = request.query_params.getall("seconds", [])
+    seconds = _seconds(given[-1]) if given else None
     return {
         "object": "metrics.history",
         "period_seconds": HISTORY_PERIOD,
         "window_seconds": HISTORY_WINDOW,
         "points": metrics_.history.since(seconds),
     }
+
+
+_NUMBER = re.compile(r"-?[0-9]+(\.[0-9]+)?([eE][+-]?[0-9]+)?")
+
+
+def _seconds(text: str) -> float:
+    """The ``seconds`` query parameter: a finite number, 0 or more (else a 400)."""
+    value = float(text) if _NUMBER.fullmatch(text) else math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise invalid("seconds must be a number of seconds, 0 or more", "seconds")
+    return value

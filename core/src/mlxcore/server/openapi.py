@@ -43,6 +43,24 @@ BOOLEAN: dict[str, Any] = {"type": "boolean"}
 OBJECT: dict[str, Any] = {"type": "object"}
 
 
+def given(field: str, schema: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A rule's condition: ``field`` is present and not null (and matches ``schema``)."""
+    value: dict[str, Any] = {"not": {"type": "null"}}
+    if schema is not None:
+        value = {"allOf": [value, schema]}
+    return {"required": [field], "properties": {field: value}}
+
+
+def implies(condition: dict[str, Any], consequence: dict[str, Any]) -> dict[str, Any]:
+    """A rule: a request matching ``condition`` must match ``consequence``."""
+    return {"if": condition, "then": consequence}
+
+
+def exactly_one(*alternatives: dict[str, Any]) -> dict[str, Any]:
+    """A rule: exactly one of the ``alternatives`` (conditions such as :func:`given`)."""
+    return {"oneOf": list(alternatives)}
+
+
 def nullable(schema: dict[str, Any]) -> dict[str, Any]:
     """``schema`` or ``null``."""
     return {"anyOf": [schema, {"type": "null"}]}
@@ -110,6 +128,17 @@ def event_schema(
     return schema
 
 
+BAD_REQUEST = (
+    "the request is invalid (the error names the field); or it asks for more than the "
+    "served model does, which no JSON Schema can state: code context_length_exceeded (the "
+    "prompt's tokens and the generation budget do not fit the context), model_not_supported "
+    "(a route for another kind of model), invalid_constraint (a grammar, regular expression "
+    "or JSON schema the constraint compiler refuses, or a tool_choice naming a function "
+    "that is not in tools); and two rules between numbers: min_tokens above the generation "
+    "budget, and /score's text_1 and text_2 lists of different lengths (longer than one)"
+)
+"""The document's description of a 400, with the refusals that depend on the model."""
+
 ERROR_SCHEMA: dict[str, Any] = {
     "type": "object",
     "description": "An error: OpenAI's shape ({error: {...}}); on Anthropic routes, "
@@ -140,6 +169,20 @@ TOKEN_ID: dict[str, Any] = {"type": "integer", "minimum": 0, "title": "token id"
 """A token id in a request schema: the document bounds it by the model's vocabulary."""
 PROMPT_TOKEN_ID: dict[str, Any] = {**TOKEN_ID, "title": "prompt token id"}
 """A prompt's token id: bounded by the vocabulary the tokenizer and the model share."""
+RULES_ATTRIBUTE = "schema_rules"
+"""A body struct's class attribute (a ``ClassVar`` dict of JSON Schema keywords: ``oneOf``
+with ``required``, ``if``/``then``, ``allOf`` of those) stating the rules between its
+fields that the route enforces; merged into the struct's component, so the document
+states every rule the server holds a request to."""
+
+CONTEXT_TITLE = "context length"
+"""The title of a field that asks for a context length (Ollama's ``num_ctx``): the
+document bounds it by the served context."""
+
+DIMENSIONS_TITLE = "embedding dimensions"
+"""The title of an embedding's ``dimensions`` field: the document bounds it by the
+model's hidden size."""
+
 BUDGET_TITLE = "token budget"
 """The title of a generation budget field (``max_tokens`` and the like): the document
 bounds it by the context (the prompt takes at least one token of it)."""
@@ -177,13 +220,16 @@ def _limit(components: dict[str, Any], limits: ModelLimits) -> None:
     """Put the model's bounds into the request schemas (in place)."""
     vocab, hidden = limits.vocab_size, limits.hidden_size
     tops = {"token id": vocab, "prompt token id": limits.prompt_vocab, BUDGET_TITLE: limits.context}
-    _bound_marked(components, {title: top - 1 for title, top in tops.items() if top})
+    maxima = {title: top - 1 for title, top in tops.items() if top}
+    if hidden:
+        maxima[DIMENSIONS_TITLE] = hidden
+    if limits.context:
+        maxima[CONTEXT_TITLE] = limits.context
+    _bound_marked(components, maxima)
     for schema in components.values():
         props = schema.get("properties", {}) if isinstance(schema, dict) else {}
         if vocab and "logit_bias" in props:
             props["logit_bias"]["propertyNames"] = {"pattern": below(vocab)}
-        if hidden and schema.get("title") == "EmbeddingRequest" and "dimensions" in props:
-            props["dimensions"]["maximum"] = hidden
 
 
 def _bound_marked(node: Any, maxima: dict[str, int]) -> None:
@@ -215,8 +261,12 @@ def openapi_document(
         order, ref_template="#/components/schemas/{name}"
     )
     body_refs = dict(zip(order, schemas, strict=True))
+    components = copy.deepcopy(components)  # msgspec shares our constants' dicts
+    for body in order:
+        rules = getattr(body, RULES_ATTRIBUTE, None)
+        if rules and body.__name__ in components:
+            components[body.__name__].update(copy.deepcopy(rules))
     if limits is not None:
-        components = copy.deepcopy(components)  # msgspec shares our constants' dicts
         _limit(components, limits)
     components["Error"] = ERROR_SCHEMA
     paths: dict[str, dict[str, Any]] = {}
@@ -228,7 +278,7 @@ def openapi_document(
             if handler.fn.__doc__
             else handler.handler_name,
             "responses": {
-                "400": _error("the request is invalid"),
+                "400": _error(BAD_REQUEST),
                 "401": _error("missing or wrong API key"),
                 "404": _error("unknown model or route"),
                 "429": _error("over this API key's limits; retry after Retry-After seconds"),

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import attrs
+from litestar import Request
 
 from mlxcore.engine.adapters import adapter_request, adapters_of
 from mlxcore.engine.engine import EngineOverloaded, EngineUnavailable
@@ -34,6 +35,7 @@ from mlxcore.engine.events import (
     TokenEvent,
 )
 from mlxcore.engine.handoff import handoff_for
+from mlxcore.engine.jobs import ModelJob
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.validation import RequestRejected
 from mlxcore.errors import MediaError, OptionError
@@ -41,6 +43,7 @@ from mlxcore.lifecycle import RequestRecord
 from mlxcore.output import OutputDelta
 from mlxcore.request_builder import Generation
 from mlxcore.runtime import Runtime
+from mlxcore.server.disconnect import unless_disconnected
 from mlxcore.server.errors import APIError, from_domain, overloaded
 from mlxcore.server.keys import charge_current, current_key, request_priority
 from mlxcore.server.metrics import Metrics
@@ -116,6 +119,45 @@ class GenerationService:
             raise from_domain(exc) from None
         finally:
             self._preparing[0] -= 1
+
+    def submit_job(self, kind: str, work: Callable[[], Any], cost: int) -> ModelJob:
+        """Queue model work besides generation (``work()`` on the engine thread between
+        two steps, holding up to ``cost`` bytes under the memory budget and the watchdog;
+        see :meth:`~mlxcore.engine.engine.Engine.submit_job`). A full queue or an engine
+        restarting is a 503 with Retry-After, counted as rejected; a distributed engine's
+        refusal a 400."""
+        try:
+            return self.runtime.engine.submit_job(kind, work, cost)
+        except (EngineOverloaded, EngineUnavailable) as exc:
+            self.metrics.rejected.labels(reason="overloaded").inc()
+            raise overloaded(str(exc)) from None
+        except RequestRejected as exc:
+            raise from_domain(exc) from None
+
+    async def run_job(
+        self,
+        request: Request[Any, Any, Any] | None,
+        kind: str,
+        work: Callable[[], Any],
+        cost: int,
+    ) -> Any:
+        """:meth:`submit_job`, then the job's result. The job is cancelled when the
+        client of ``request`` hangs up (a 499); a job that waited past
+        ``--max-queue-wait`` or met an engine fault is a 503; the work's own exceptions
+        reach the caller. Every plugin that runs a model job goes through here."""
+        return await self.job_result(request, self.submit_job(kind, work, cost))
+
+    @staticmethod
+    async def job_result(request: Request[Any, Any, Any] | None, job: ModelJob) -> Any:
+        """The result of a job from :meth:`submit_job` (a route that streams the job's
+        progress submits first, then waits here), with :meth:`run_job`'s answers."""
+        result = asyncio.wrap_future(job.future)
+        try:
+            return await (result if request is None else unless_disconnected(request, result))
+        except (EngineOverloaded, EngineUnavailable) as exc:
+            raise overloaded(str(exc)) from None
+        finally:
+            job.cancel()  # a no-op once it ended; stops it when the client went away
 
     @property
     def busy(self) -> bool:

@@ -13,13 +13,13 @@ from mlxcore.engine.events import Usage
 from mlxcore.media import MediaPart
 from mlxcore.output import OutputDelta
 from mlxcore.request_builder import ChatPrompt, OutputConstraint, RequestSpec
+from mlxcore.server.disconnect import unless_disconnected
 from mlxcore.server.errors import APIError, as_api_error, constraint_error, invalid
 from mlxcore.server.frontend import (
     decode_body,
     decode_request,
     model_service,
     served_name,
-    unless_disconnected,
 )
 from mlxcore.server.openapi import BODY_OPTION, ERRORS_OPTION, REPLIES_OPTION, reply
 from mlxcore.server.service import Generation, GenerationService, collect

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
+
+from mlxcore.server.openapi import given, implies
 
 _TEXT = {"type": "object", "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
          "required": ["type", "text"]}  # fmt: skip
@@ -108,6 +110,12 @@ System = Annotated[
 
 
 class MessagesRequest(msgspec.Struct, kw_only=True):
+    schema_rules: ClassVar[dict[str, Any]] = implies(
+        given("tool_choice", {"properties": {"type": {"enum": ["any", "tool"]}},
+                              "required": ["type"]}),
+        given("tools", {"minItems": 1}),
+    )  # fmt: skip
+    """``tool_choice`` ``any`` or ``tool`` needs ``tools``."""
     model: str | None = None
     messages: NonEmptyMessages
     max_tokens: Annotated[int, msgspec.Meta(ge=1)]  # a cap: beyond the context it is the context

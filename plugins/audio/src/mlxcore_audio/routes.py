@@ -24,7 +24,7 @@ from litestar import Request, Response, post
 from mlxcore.builtin.openai.encode import openai_stream, sse
 from mlxcore.engine.engine import EngineOverloaded, EngineUnavailable
 from mlxcore.server.errors import APIError, invalid, overloaded
-from mlxcore.server.frontend import model_service, unless_disconnected
+from mlxcore.server.frontend import model_service
 from mlxcore.server.openapi import (
     ERRORS_OPTION,
     FORM_OPTION,
@@ -33,6 +33,8 @@ from mlxcore.server.openapi import (
     REPLIES_OPTION,
     STRING,
     array,
+    given,
+    implies,
     obj,
     reply,
 )
@@ -238,15 +240,11 @@ async def _queue(
 
     audio, options = ask.audio, ask.options
     listener = heard if ask.stream else None
-    try:
-        job = svc.runtime.engine.submit_job(
-            "transcription",
-            lambda: recognize(model, lambda: _decode_spooled(audio, limit), options, listener),
-            cost,
-        )
-    except (EngineOverloaded, EngineUnavailable) as exc:
-        svc.metrics.rejected.labels(reason="overloaded").inc()
-        raise overloaded(str(exc)) from None
+    job = svc.submit_job(
+        "transcription",
+        lambda: recognize(model, lambda: _decode_spooled(audio, limit), options, listener),
+        cost,
+    )
     return ask, svc, job, texts
 
 
@@ -271,11 +269,10 @@ async def _answer(request: Request[Any, Any, Any], task: str) -> Any:
     if ask.stream:
         return openai_stream(_events(job, texts, ask.audio))
     try:
-        transcript: Transcript = await unless_disconnected(request, asyncio.wrap_future(job.future))
-    except (AudioError, EngineOverloaded, EngineUnavailable) as exc:
+        transcript: Transcript = await GenerationService.job_result(request, job)
+    except AudioError as exc:
         raise _failure(exc) from None
     finally:
-        job.cancel()  # a no-op once it ended; stops it when the client went away
         ask.audio.unlink(missing_ok=True)
     body = render(transcript, ask.response_format, task, ask.granularities)
     if isinstance(body, str):
@@ -327,6 +324,9 @@ FORM: dict[str, Any] = {
         "temperature": {"type": "number", "minimum": 0, "maximum": 1},
         "stream": {"type": "boolean"},
     },
+    # a stream is of json or text (response_format json when absent)
+    "allOf": [implies(given("stream", {"const": True}),
+                      {"properties": {"response_format": {"enum": ["json", "text"]}}})],
 }  # fmt: skip
 TRANSCRIPTION_FORM: dict[str, Any] = {
     **FORM,
@@ -339,6 +339,13 @@ TRANSCRIPTION_FORM: dict[str, Any] = {
         },
         "timestamp_granularities[]": array({"type": "string", "enum": list(GRANULARITIES)}),
     },
+    "allOf": [
+        *FORM["allOf"],
+        implies(
+            given("timestamp_granularities[]", {"minItems": 1}),
+            given("response_format", {"const": "verbose_json"}),
+        ),
+    ],
 }
 REPLY = obj(
     {"text": STRING},

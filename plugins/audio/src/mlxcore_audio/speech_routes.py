@@ -24,8 +24,9 @@ from litestar.response import Stream
 from mlxcore.builtin.openai.encode import openai_stream, sse
 from mlxcore.engine.engine import EngineOverloaded, EngineUnavailable
 from mlxcore.server.errors import invalid, overloaded
-from mlxcore.server.frontend import decode_body, model_service, unless_disconnected
+from mlxcore.server.frontend import decode_body, model_service
 from mlxcore.server.openapi import BODY_OPTION, REPLIES_OPTION, reply
+from mlxcore.server.service import GenerationService
 from mlxcore_audio.encoding import (
     MEDIA_TYPES,
     PCM_RATE,
@@ -80,23 +81,19 @@ async def _start(
         loop.call_soon_threadsafe(chunks.put_nowait, samples)
 
     streams = body.stream_format == "sse" or body.response_format in ("pcm", "wav")
-    try:
-        job = svc.runtime.engine.submit_job(
-            "speech",
-            lambda: synthesize(
-                model,
-                body.input,
-                voice=body.voice,
-                speed=body.speed,
-                instructions=body.instructions,
-                seed=body.seed or 0,
-                on_audio=heard if streams else None,
-            ),
-            synthesis_bytes(body.input),
-        )
-    except (EngineOverloaded, EngineUnavailable) as exc:
-        svc.metrics.rejected.labels(reason="overloaded").inc()
-        raise overloaded(str(exc)) from None
+    job = svc.submit_job(
+        "speech",
+        lambda: synthesize(
+            model,
+            body.input,
+            voice=body.voice,
+            speed=body.speed,
+            instructions=body.instructions,
+            seed=body.seed or 0,
+            on_audio=heard if streams else None,
+        ),
+        synthesis_bytes(body.input),
+    )
     return body, model, job, chunks
 
 
@@ -176,11 +173,6 @@ async def speech(request: Request[Any, Any, Any]) -> Any:
     media_type = MEDIA_TYPES[body.response_format]
     if body.response_format in ("pcm", "wav"):
         return Stream(_raw(body, rate, job, chunks), media_type=media_type)
-    try:
-        spoken: Speech = await unless_disconnected(request, asyncio.wrap_future(job.future))
-    except (EngineOverloaded, EngineUnavailable) as exc:
-        raise overloaded(str(exc)) from None
-    finally:
-        job.cancel()
+    spoken: Speech = await GenerationService.job_result(request, job)
     data = await asyncio.to_thread(encode, spoken.samples, spoken.sample_rate, body.response_format)
     return Response(data, media_type=media_type)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any, Literal
 
@@ -157,6 +158,10 @@ def _page(items: list[dict[str, Any]], limit: int) -> dict[str, Any]:
     }
 
 
+MAX_FILENAME = 255
+"""The longest upload name kept (a longer one is cut)."""
+
+
 @post(
     "/v1/files",
     status_code=200,
@@ -180,10 +185,16 @@ async def upload_file(request: Request[Any, Any, Any]) -> dict[str, Any]:
     if upload is None or isinstance(upload, str):
         raise APIError(400, "the form needs a file field", param="file")
     file_id = new_id("file-")
-    with store.path(file_id).open("wb") as out:
-        while chunk := await upload.read(CHUNK):
-            out.write(chunk)
-    return store.add_file(file_id, upload.filename or "upload.jsonl", str(purpose), _owner())
+    path = store.path(file_id)
+    try:
+        with path.open("wb") as out:
+            while chunk := await upload.read(CHUNK):
+                await asyncio.to_thread(out.write, chunk)
+    except BaseException:  # the client went away, the disk filled: no partial file stays
+        path.unlink(missing_ok=True)
+        raise
+    name = (upload.filename or "upload.jsonl")[:MAX_FILENAME]
+    return store.add_file(file_id, name, str(purpose), _owner())
 
 
 @get("/v1/files", opt={REPLIES_OPTION: {200: reply("files, newest first", FILE_LIST)},

@@ -15,13 +15,15 @@ half-written last line) and sends only the lines not answered yet.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import json
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from mlxcore.server.internal import internal_client
 from mlxcore_batch.store import EVERYONE, Store, new_id
@@ -42,6 +44,12 @@ MAX_BUSY_SECONDS = 3600.0
 """How long a line is sent again while the server stays busy; then its last answer is
 its result (in the error file)."""
 
+LINES_PER_READ = 256
+"""Input lines read and parsed per step on a worker thread."""
+
+CANCEL_CHECK_SECONDS = 0.5
+"""How often a running batch looks whether it was cancelled (a database read)."""
+
 MAX_ERRORS = 100
 """Most line errors a failed validation lists."""
 
@@ -54,7 +62,7 @@ class InvalidInput(Exception):
         self.errors = errors
 
 
-def lines_of(path: Path) -> Iterator[tuple[int, dict[str, Any] | None, str]]:
+def lines_of(path: Path) -> Generator[tuple[int, dict[str, Any] | None, str], None, None]:
     """``(line number, parsed line or None, error)`` for each non-blank line."""
     with path.open("rb") as f:
         for number, raw in enumerate(f, start=1):
@@ -107,6 +115,29 @@ def validate(path: Path, endpoint: str) -> int:
     if errors:
         raise InvalidInput(errors)
     return total
+
+
+async def read_lines(path: Path) -> AsyncIterator[tuple[int, dict[str, Any] | None, str]]:
+    """:func:`lines_of`, read and parsed :data:`LINES_PER_READ` lines at a time on a
+    worker thread."""
+    lines = lines_of(path)
+    try:
+        while chunk := await asyncio.to_thread(_take, lines, LINES_PER_READ):
+            for entry in chunk:
+                yield entry
+    finally:
+        with contextlib.suppress(ValueError):  # cancelled while a worker reads: it ends
+            lines.close()
+
+
+def _take(lines: Iterator[Any], n: int) -> list[Any]:
+    return list(itertools.islice(lines, n))
+
+
+def _append(out: IO[str], line: str) -> None:
+    """One result line, flushed (a restart resumes after the last complete line)."""
+    out.write(line + "\n")
+    out.flush()
 
 
 def answered(path: Path) -> set[str]:
@@ -162,9 +193,11 @@ class Runner:
         self._wake.set()
 
     async def run(self) -> None:
-        """Until cancelled."""
+        """Until cancelled. The file, SQLite and JSON work runs on worker threads, in
+        steps of at most :data:`LINES_PER_READ` lines: the event loop serves the
+        interactive streams meanwhile."""
         while True:
-            active = self.store.active()
+            active = await asyncio.to_thread(self.store.active)
             if not active:
                 await self._wake.wait()
                 self._wake.clear()
@@ -175,13 +208,19 @@ class Runner:
                 raise
             except Exception as exc:  # a runner fault fails the batch, not the server
                 log.exception("batch %s failed", active[0]["id"])
-                batch = self.store.batch(active[0]["id"], EVERYONE) or active[0]
-                batch.update(status="failed", failed_at=int(time.time()))
-                batch["errors"] = {
-                    "object": "list",
-                    "data": [{"code": "server_error", "message": f"{type(exc).__name__}: {exc}"}],
-                }
-                self.store.save(batch)
+                await asyncio.to_thread(self._fail, active[0], exc)
+
+    def _fail(self, batch: dict[str, Any], exc: Exception) -> None:
+        """Mark ``batch`` failed by a runner fault; its partial result files go."""
+        for path in self._result_paths(batch):
+            path.unlink(missing_ok=True)
+        current = self.store.batch(batch["id"], EVERYONE) or batch
+        current.update(status="failed", failed_at=int(time.time()))
+        current["errors"] = {
+            "object": "list",
+            "data": [{"code": "server_error", "message": f"{type(exc).__name__}: {exc}"}],
+        }
+        self.store.save(current)
 
     async def process(self, batch: dict[str, Any]) -> None:
         """Validate, run and finalize one batch (from wherever it stopped)."""
@@ -192,18 +231,18 @@ class Runner:
             except InvalidInput as exc:
                 batch.update(status="failed", failed_at=int(time.time()))
                 batch["errors"] = {"object": "list", "data": exc.errors}
-                self.store.save(batch)
+                await asyncio.to_thread(self.store.save, batch)
                 return
             batch["request_counts"] = {"total": total, "completed": 0, "failed": 0}
-            if self._cancelled(batch):  # cancelled while it was being checked
-                self._save_counts(batch)
-                self._finalize(batch)
+            if await asyncio.to_thread(self._cancelled, batch):  # cancelled meanwhile
+                await asyncio.to_thread(self._save_counts, batch)
+                await asyncio.to_thread(self._finalize, batch)
                 return
             batch.update(status="in_progress", in_progress_at=int(time.time()))
-            self.store.save(batch)
+            await asyncio.to_thread(self.store.save, batch)
         if batch["status"] == "in_progress":
             await self._run_lines(batch, source)
-        self._finalize(batch)
+        await asyncio.to_thread(self._finalize, batch)
 
     def _result_paths(self, batch: dict[str, Any]) -> tuple[Path, Path]:
         folder = self.store.files_dir
@@ -211,13 +250,14 @@ class Runner:
 
     async def _run_lines(self, batch: dict[str, Any], source: Path) -> None:
         out_path, err_path = self._result_paths(batch)
-        done_ok, done_bad = answered(out_path), answered(err_path)
+        done_ok = await asyncio.to_thread(answered, out_path)
+        done_bad = await asyncio.to_thread(answered, err_path)
         counts = batch["request_counts"]
         counts.update(completed=len(done_ok), failed=len(done_bad))
         done = done_ok | done_bad
         slots = asyncio.Semaphore(self.concurrency)
         pending: set[asyncio.Task[None]] = set()
-        saved_at = time.monotonic()
+        saved_at = checked_at = time.monotonic()
         endpoint = batch["endpoint"]
         async with internal_client(self.app) as client:
             with out_path.open("a") as out, err_path.open("a") as err:
@@ -228,28 +268,29 @@ class Runner:
                         if sent is None:  # cancelled while the server was busy: not run
                             return
                         line, ok = sent
-                        (out if ok else err).write(line + "\n")
-                        (out if ok else err).flush()
+                        await asyncio.to_thread(_append, out if ok else err, line)
                         counts["completed" if ok else "failed"] += 1
                     finally:
                         slots.release()
 
-                for _, item, _ in lines_of(source):
+                async for _, item, _ in read_lines(source):
                     if item is None or item["custom_id"] in done:
                         continue
                     await slots.acquire()
-                    if self._cancelled(batch):
-                        slots.release()
-                        break
+                    if time.monotonic() - checked_at >= CANCEL_CHECK_SECONDS:
+                        checked_at = time.monotonic()
+                        if await asyncio.to_thread(self._cancelled, batch):
+                            slots.release()
+                            break
                     task = asyncio.create_task(one(item))
                     pending.add(task)
                     task.add_done_callback(pending.discard)
                     if time.monotonic() - saved_at > 1.0:  # progress for GET /v1/batches
-                        self._save_counts(batch)
+                        await asyncio.to_thread(self._save_counts, batch)
                         saved_at = time.monotonic()
                 if pending:
                     await asyncio.gather(*pending)
-        self._save_counts(batch)
+        await asyncio.to_thread(self._save_counts, batch)
 
     async def _send_until_taken(
         self, client: Any, endpoint: str, item: dict[str, Any], batch: dict[str, Any]
@@ -264,7 +305,7 @@ class Runner:
             if retry_after is None or time.monotonic() + retry_after > give_up:
                 return line, ok  # answered, or busy for too long: the answer stands
             await asyncio.sleep(retry_after)
-            if self._cancelled(batch):
+            if await asyncio.to_thread(self._cancelled, batch):
                 return None
 
     async def _send(

@@ -21,8 +21,8 @@ from litestar import Request, post
 from litestar.handlers import HTTPRouteHandler
 
 from mlxcore.engine.adapters import ADAPTER_OPTION, adapters_of
-from mlxcore.engine.engine import Engine, EngineOverloaded, EngineUnavailable
-from mlxcore.server.errors import APIError, invalid, overloaded
+from mlxcore.engine.engine import Engine
+from mlxcore.server.errors import APIError, invalid
 from mlxcore.server.frontend import decode_body
 from mlxcore.server.openapi import BODY_OPTION, ERRORS_OPTION, REPLIES_OPTION, STRING, obj, reply
 from mlxcore.server.router import ModelRouter
@@ -75,11 +75,7 @@ def _bank(svc: GenerationService) -> AdapterBank:
 
 async def _on_engine(svc: GenerationService, kind: str, work: Any, cost: int) -> Any:
     """``work()`` on the engine thread, between two steps (as a job)."""
-    try:
-        job = svc.runtime.engine.submit_job(kind, work, cost)
-        return await asyncio.wrap_future(job.future)
-    except (EngineOverloaded, EngineUnavailable) as exc:
-        raise overloaded(str(exc)) from None
+    return await svc.run_job(None, kind, work, cost)
 
 
 def _install(engine: Engine, bank: AdapterBank, weights: AdapterWeights) -> int:

@@ -61,6 +61,8 @@ class Options:
 
 
 def _number(name: str, value: Any, kind: type) -> Any:
+    if kind is int and isinstance(value, float) and value.is_integer():
+        value = int(value)  # JSON does not tell 1 from 1.0
     ok = isinstance(value, kind | int) if kind is float else isinstance(value, int)
     if not ok or isinstance(value, bool):
         what = "a number" if kind is float else "an integer"

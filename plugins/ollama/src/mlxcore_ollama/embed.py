@@ -18,9 +18,8 @@ from mlxcore.server.openapi import BODY_OPTION, REPLIES_OPTION, reply
 from mlxcore.server.service import GenerationService
 from mlxcore_ollama import models
 from mlxcore_ollama.replies import EMBED, EMBEDDING
-from mlxcore_ollama.schemas import EmbeddingsRequest, EmbedRequest
+from mlxcore_ollama.schemas import MAX_INPUTS, EmbeddingsRequest, EmbedRequest
 
-MAX_INPUTS = 2048
 """Most inputs in one request (as the OpenAI route)."""
 
 

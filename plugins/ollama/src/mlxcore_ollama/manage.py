@@ -34,10 +34,10 @@ from mlxcore.settings import read_settings
 from mlxcore_ollama.encode import error_line, line
 from mlxcore_ollama.models import TAG
 from mlxcore_ollama.replies import NDJSON, PROGRESS, STATUS, streamed
-from mlxcore_ollama.schemas import DeleteRequest, PullRequest
+from mlxcore_ollama.schemas import REPO_PATTERN, DeleteRequest, PullRequest
 from mlxcore_ollama.settings import OllamaSettings
 
-REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+REPO_ID = re.compile(REPO_PATTERN)
 REPORT_EVERY = 0.25
 """Seconds between two progress lines of one file."""
 
@@ -54,12 +54,11 @@ def _allowed(request: Request[Any, Any, Any]) -> None:
 
 def _repo(name: str | None) -> str:
     """The repo id a pull or delete names (Ollama's ``:latest`` tag dropped)."""
-    repo = (name or "").removesuffix(TAG)
-    if not REPO_ID.match(repo) or ".." in repo:
+    if not REPO_ID.fullmatch(name or ""):
         raise APIError(
             400, "model must be a Hugging Face repo id such as mlx-community/Qwen3-4B-4bit"
         )
-    return repo
+    return (name or "").removesuffix(TAG)
 
 
 def _failure(exc: ModelLoadError) -> APIError:

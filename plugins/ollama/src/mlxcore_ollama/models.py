@@ -27,7 +27,7 @@ from mlxcore.server.router import ModelRouter, ModelSlot
 from mlxcore.server.service import GenerationService
 from mlxcore_ollama.encode import created_at
 from mlxcore_ollama.replies import RUNNING, SHOW, TAGS, VERSION
-from mlxcore_ollama.schemas import KeepAlive, ShowRequest
+from mlxcore_ollama.schemas import DURATION_PATTERN, KeepAlive, ShowRequest
 
 OLLAMA_API_VERSION = "0.12.0"
 """What ``/api/version`` answers: the Ollama release whose API these routes follow
@@ -58,7 +58,7 @@ async def service(
     return await model_service(request, model_name(request, name), task)
 
 
-_DURATION = re.compile(r"^(-?\d+(?:\.\d+)?)(ms|s|m|h)?$")
+_DURATION = re.compile(DURATION_PATTERN)
 
 
 def keep_alive_seconds(value: KeepAlive | None) -> float | None:
@@ -66,11 +66,11 @@ def keep_alive_seconds(value: KeepAlive | None) -> float | None:
     that is not a duration."""
     if value is None or isinstance(value, int | float):
         return None if value is None else float(value)
-    match = _DURATION.match(value.strip())
+    match = _DURATION.fullmatch(value)
     if match is None:
         raise APIError(400, f"keep_alive {value!r} is not a duration such as 5m, 30s or -1")
     scale = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}[match.group(2)]
-    return float(match.group(1)) * scale
+    return float(value.removesuffix(match.group(2) or "")) * scale
 
 
 async def load_or_unload(

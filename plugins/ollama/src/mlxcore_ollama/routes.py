@@ -15,8 +15,9 @@ from mlxcore import request_builder as builder
 from mlxcore.builtin.openai.encode import LogprobEncoder
 from mlxcore.output import OutputDelta
 from mlxcore.request_builder import ChatPrompt, Generation, RequestSpec, TextPrompt
+from mlxcore.server.disconnect import unless_disconnected
 from mlxcore.server.errors import APIError, as_api_error, invalid
-from mlxcore.server.frontend import decode_request, unless_disconnected
+from mlxcore.server.frontend import decode_request
 from mlxcore.server.openapi import BODY_OPTION, REPLIES_OPTION
 from mlxcore.server.service import GenerationService, collect
 from mlxcore.server.sse import event_stream

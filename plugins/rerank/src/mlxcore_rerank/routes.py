@@ -10,7 +10,6 @@ the job at its next pass.
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -19,15 +18,13 @@ from typing import Annotated, Any
 import msgspec
 from litestar import Request, post
 
-from mlxcore.engine.engine import EngineOverloaded, EngineUnavailable
 from mlxcore.request_builder import MAX_CHARS_PER_TOKEN, check_prompt_size
-from mlxcore.server.errors import APIError, invalid, overloaded
+from mlxcore.server.errors import APIError, invalid
 from mlxcore.server.frontend import (
     TASK_ROUTES,
     decode_body,
     model_service,
     served_name,
-    unless_disconnected,
 )
 from mlxcore.server.openapi import (
     BODY_OPTION,
@@ -61,7 +58,7 @@ class Document(msgspec.Struct):
 
 class RerankRequest(msgspec.Struct, kw_only=True):
     query: _Text
-    documents: Annotated[list[str | Document], msgspec.Meta(min_length=1)]
+    documents: Annotated[list[str | Document], msgspec.Meta(min_length=1, max_length=MAX_DOCUMENTS)]
     model: str | None = None
     top_n: Annotated[int, msgspec.Meta(ge=1)] | None = None
     return_documents: bool = True
@@ -70,8 +67,10 @@ class RerankRequest(msgspec.Struct, kw_only=True):
 
 
 class ScoreRequest(msgspec.Struct, kw_only=True):
-    text_1: _Text | Annotated[list[str], msgspec.Meta(min_length=1)]
-    text_2: _Text | Annotated[list[str], msgspec.Meta(min_length=1)]
+    # two lists longer than one pair up, so they are as long as each other: a rule between
+    # two arrays' lengths that JSON Schema cannot state (the 400 names text_2)
+    text_1: _Text | Annotated[list[str], msgspec.Meta(min_length=1, max_length=MAX_DOCUMENTS)]
+    text_2: _Text | Annotated[list[str], msgspec.Meta(min_length=1, max_length=MAX_DOCUMENTS)]
     model: str | None = None
     max_tokens_per_doc: Annotated[int, msgspec.Meta(ge=1)] | None = None
     instruction: _Text | None = None
@@ -179,18 +178,9 @@ async def _scores(
         tokens = sum(len(ids) for ids in inputs)
         work, cost = (lambda: score_pieces(model, inputs, answers)), score_bytes(model, inputs)
     try:
-        job = svc.runtime.engine.submit_job("rerank", work, cost)
-    except (EngineOverloaded, EngineUnavailable) as exc:
-        svc.metrics.rejected.labels(reason="overloaded").inc()
-        raise overloaded(str(exc)) from None
-    try:
-        scores = await unless_disconnected(request, asyncio.wrap_future(job.future))
+        scores = await svc.run_job(request, "rerank", work, cost)
     except RerankError as exc:
         raise invalid(str(exc), "model") from None
-    except (EngineOverloaded, EngineUnavailable) as exc:
-        raise overloaded(str(exc)) from None
-    finally:
-        job.cancel()  # a no-op once it ended; stops it when the client went away
     return scores, tokens
 
 

@@ -27,11 +27,11 @@ from mlxcore.builtin.openai.schemas import ChatCompletionRequest, StreamOptions
 from mlxcore.output import OutputDelta
 from mlxcore.output.calls import CallStream
 from mlxcore.request_builder import ChatPrompt, RequestSpec
+from mlxcore.server.disconnect import unless_disconnected
 from mlxcore.server.frontend import (
     decode_request,
     model_service,
     served_name,
-    unless_disconnected,
 )
 from mlxcore.server.openapi import BODY_OPTION, REPLIES_OPTION, reply
 from mlxcore.server.service import Generation, GenerationService, collect, merge_streams

@@ -24,12 +24,12 @@ from mlxcore.builtin.openai.replies import TEXT_COMPLETION, TEXT_EVENTS
 from mlxcore.builtin.openai.schemas import MAX_PROMPTS, CompletionRequest, StreamOptions
 from mlxcore.output import OutputDelta
 from mlxcore.request_builder import RequestSpec, TextPrompt
+from mlxcore.server.disconnect import unless_disconnected
 from mlxcore.server.errors import invalid
 from mlxcore.server.frontend import (
     decode_request,
     model_service,
     served_name,
-    unless_disconnected,
 )
 from mlxcore.server.openapi import BODY_OPTION, REPLIES_OPTION, reply
 from mlxcore.server.service import Generation, GenerationService, collect, merge_streams

@@ -204,6 +204,7 @@ def normalize_chat(
         role = "system" if msg.role == "developer" else msg.role
         if role not in ROLES:
             raise invalid(f"unknown role {msg.role!r}", f"{where}.role")
+        calls = _tool_calls(msg.tool_calls, where) if msg.tool_calls else None  # any role
         if role == "system":
             if media is not None and isinstance(msg.content, list):
                 for j, part in enumerate(msg.content):
@@ -221,8 +222,8 @@ def normalize_chat(
         item: dict[str, Any] = {"role": "tool" if role == "function" else role, "content": text}
         if msg.name is not None:
             item["name"] = msg.name
-        if msg.tool_calls:
-            item["tool_calls"] = _tool_calls(msg.tool_calls, where)
+        if calls:
+            item["tool_calls"] = calls
         if msg.tool_call_id is not None:
             item["tool_call_id"] = msg.tool_call_id
         thinking = msg.reasoning_content or msg.reasoning

@@ -3,7 +3,6 @@ vectors are computed)."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import struct
 from typing import Annotated, Any, Literal
@@ -13,11 +12,10 @@ from litestar import Request, post
 
 from mlxcore.builtin.openai.replies import EMBEDDING_LIST
 from mlxcore.embeddings import EmbeddingError, hidden_size
-from mlxcore.engine.engine import EngineOverloaded, EngineUnavailable
 from mlxcore.request_builder import check_prompt_size
-from mlxcore.server.errors import APIError, invalid, overloaded
-from mlxcore.server.frontend import decode_body, model_service, served_name, unless_disconnected
-from mlxcore.server.openapi import BODY_OPTION, REPLIES_OPTION, TOKEN_ID, reply
+from mlxcore.server.errors import APIError, invalid
+from mlxcore.server.frontend import decode_body, model_service, served_name
+from mlxcore.server.openapi import BODY_OPTION, DIMENSIONS_TITLE, REPLIES_OPTION, TOKEN_ID, reply
 from mlxcore.server.service import GenerationService
 
 MAX_INPUTS = 2048
@@ -41,7 +39,7 @@ class EmbeddingRequest(msgspec.Struct, kw_only=True):
     ]  # fmt: skip
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    dimensions: Annotated[int, msgspec.Meta(ge=1, title=DIMENSIONS_TITLE)] | None = None
     user: str | None = None
 
 
@@ -113,21 +111,11 @@ async def embed(
     """The vectors of ``inputs`` (token ids each), computed as an engine job: a 503 with
     Retry-After when the engine is full or restarting, a 400 when the model cannot embed;
     the job is cancelled when the client goes away. Every front end's embeddings."""
+    work, cost = svc.runtime.embedding_work(inputs, pooling=svc.pooling, dimensions=dimensions)
     try:
-        job = svc.runtime.embed(inputs, pooling=svc.pooling, dimensions=dimensions)
-    except (EngineOverloaded, EngineUnavailable) as exc:
-        svc.metrics.rejected.labels(reason="overloaded").inc()
-        raise overloaded(str(exc)) from None
-    try:
-        vectors: list[list[float]] = await unless_disconnected(
-            request, asyncio.wrap_future(job.future)
-        )
+        vectors: list[list[float]] = await svc.run_job(request, "embedding", work, cost)
     except EmbeddingError as exc:
         raise invalid(str(exc), "model") from None
-    except (EngineOverloaded, EngineUnavailable) as exc:  # waited too long; a fault
-        raise overloaded(str(exc)) from None
-    finally:
-        job.cancel()  # a no-op once it ended; stops it when the client went away
     return vectors
 
 

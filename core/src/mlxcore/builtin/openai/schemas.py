@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 
 from mlxcore.engine.validation import MAX_STOP_CHARS, MAX_STOPS, MAX_TOP_LOGPROBS
-from mlxcore.server.openapi import BUDGET_TITLE, PROMPT_TOKEN_ID
+from mlxcore.server.openapi import BUDGET_TITLE, PROMPT_TOKEN_ID, given, implies
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):
@@ -59,6 +59,22 @@ FUNCTION_TOOL: dict[str, Any] = {
     },
     "required": ["function"],
 }
+
+NAMED_CHOICE: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "type": {"const": "function"},
+        "function": {"type": "object", "properties": {"name": NAME}, "required": ["name"]},
+    },
+    "required": ["function"],
+}
+"""A ``tool_choice`` that names its function (which must be one of ``tools``)."""
+
+NEEDS_TOOLS = implies(
+    given("tool_choice", {"anyOf": [{"const": "required"}, {"type": "object"}]}),
+    given("tools", {"minItems": 1}),
+)
+"""A rule: ``tool_choice`` ``required`` or a named function needs ``tools``."""
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
@@ -133,18 +149,32 @@ class SamplingFields(SamplerFields, kw_only=True):
     # vLLM's user grammars (see mlxcore.structured.requested)
     structured_outputs: dict[str, Any] | None = None
     guided_json: dict[str, Any] | str | None = None
-    guided_regex: str | None = None
-    guided_choice: list[str] | None = None
-    guided_grammar: str | None = None
+    guided_regex: Annotated[str, msgspec.Meta(min_length=1)] | None = None
+    guided_choice: (
+        Annotated[list[Annotated[str, msgspec.Meta(min_length=1)]], msgspec.Meta(min_length=1)]
+        | None
+    ) = None
+    guided_grammar: Annotated[str, msgspec.Meta(min_length=1)] | None = None
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):
+    schema_rules: ClassVar[dict[str, Any]] = {
+        "allOf": [
+            NEEDS_TOOLS,
+            implies(given("top_logprobs", {"minimum": 1}), given("logprobs", {"const": True})),
+        ]
+    }
     messages: Annotated[list[Message], msgspec.Meta(min_length=1)]
     max_completion_tokens: Tokens | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, _range(0, MAX_TOP_LOGPROBS)] | None = None
     tools: Annotated[list[dict[str, Any]] | None, _items(FUNCTION_TOOL)] = None
-    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    tool_choice: Annotated[
+        Literal["none", "auto", "required"] | dict[str, Any] | None,
+        msgspec.Meta(
+            extra_json_schema={"allOf": [{"anyOf": [{"type": ["string", "null"]}, NAMED_CHOICE]}]}
+        ),
+    ] = None
     parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None

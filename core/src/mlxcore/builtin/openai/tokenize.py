@@ -10,7 +10,7 @@ into text. Both run on the preparation pool, never on the engine.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import msgspec
 from litestar import Request, get, post
@@ -29,6 +29,8 @@ from mlxcore.server.openapi import (
     REPLIES_OPTION,
     STRING,
     array,
+    exactly_one,
+    given,
     nullable,
     obj,
     reply,
@@ -44,6 +46,9 @@ PromptId = Annotated[int, msgspec.Meta(ge=0, title=PROMPT_TOKEN_ID["title"])]
 class TokenizeRequest(msgspec.Struct, kw_only=True):
     """Exactly one of ``prompt`` (``content`` in llama-server) and ``messages``."""
 
+    schema_rules: ClassVar[dict[str, Any]] = exactly_one(
+        {"anyOf": [given("prompt"), given("content")]}, given("messages")
+    )
     model: str | None = None
     prompt: str | None = None
     content: str | None = None

@@ -35,12 +35,12 @@ from mlxcore.engine.events import Usage
 from mlxcore.media import MediaPart
 from mlxcore.output import OutputDelta
 from mlxcore.request_builder import ChatPrompt, RequestSpec
+from mlxcore.server.disconnect import unless_disconnected
 from mlxcore.server.errors import APIError, invalid
 from mlxcore.server.frontend import (
     decode_request,
     model_service,
     served_name,
-    unless_disconnected,
 )
 from mlxcore.server.openapi import (
     BODY_OPTION,

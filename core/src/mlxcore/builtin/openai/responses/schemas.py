@@ -6,11 +6,12 @@ checked one by one, each error naming its place (``input[3].call_id``).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 
 from mlxcore.builtin.openai.schemas import NAME, TEXT_PART, SamplerFields, Tokens
+from mlxcore.server.openapi import given, implies
 
 
 class TextConfig(msgspec.Struct, kw_only=True):
@@ -96,6 +97,16 @@ TOOL: dict[str, Any] = {
 
 
 class ResponsesRequest(SamplerFields, kw_only=True):
+    schema_rules: ClassVar[dict[str, Any]] = implies(
+        given("tool_choice", {"anyOf": [
+            {"const": "required"},
+            {"properties": {"type": {"const": "function"}}, "required": ["type"]},
+            {"properties": {"mode": {"const": "required"}}, "required": ["mode"]},
+        ]}),
+        given("tools", {"minItems": 1}),
+    )  # fmt: skip
+    """``tool_choice`` ``required``, a named function or ``allowed_tools`` in ``required``
+    mode needs ``tools``."""
     n: Annotated[int, msgspec.Meta(ge=1, le=1)] = 1  # not a Responses field: one output
     model: str | None = None
     input: Annotated[
