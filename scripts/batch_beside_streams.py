@@ -3,7 +3,8 @@
 Starts ``mlxcore serve MODEL --plugin batch`` (the embedded default model unless
 ``--model``), then alternates rounds of ``--streams`` concurrent greedy chat streams
 (``--tokens`` tokens each, ``ignore_eos``) without and with a ``--lines``-line batch in
-progress (each line a one-token chat), and prints the streams' inter-token gaps (p50,
+progress (each line a one-token chat; a new batch for each round, cancelled after it),
+and prints the streams' inter-token gaps (p50,
 p99) and TTFT for both, and their ratios. The batch runs at background priority: its
 lines wait while the streams run, so what the streams can feel is the runner's own work
 on the server's event loop (reading the input, writing results, SQLite) and the lines'
@@ -72,25 +73,41 @@ def p(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100)[q - 1] if len(values) > 1 else values[0]
 
 
-def start_batch(server: Server, lines: int) -> str:
+def upload(server: Server, lines: int) -> str:
+    """The batch input file's id."""
+    files = {"file": ("batch.jsonl", batch_input(lines), "application/jsonl")}
+    answer = httpx.post(
+        f"{server.base_url}/v1/files", data={"purpose": "batch"}, files=files, timeout=600
+    )
+    return str(answer.json()["id"])
+
+
+def start_batch(server: Server, file_id: str) -> str:
+    """A new batch of ``file_id``, once it runs."""
     with httpx.Client(base_url=server.base_url, timeout=600) as client:
-        files = {"file": ("batch.jsonl", batch_input(lines), "application/jsonl")}
-        upload = client.post("/v1/files", data={"purpose": "batch"}, files=files).json()
         batch = client.post(
             "/v1/batches",
-            json={"input_file_id": upload["id"], "endpoint": "/v1/chat/completions",
+            json={"input_file_id": file_id, "endpoint": "/v1/chat/completions",
                   "completion_window": "24h"},
         ).json()  # fmt: skip
-        for _ in range(600):
-            state = client.get(f"/v1/batches/{batch['id']}").json()
-            if state["status"] == "in_progress":
-                return str(batch["id"])
-            time.sleep(0.5)
-    raise RuntimeError(f"the batch did not start: {state}")
+        return wait_for(client, str(batch["id"]), ("in_progress",))
 
 
-def batch_state(server: Server, batch_id: str) -> dict[str, Any]:
-    return httpx.get(f"{server.base_url}/v1/batches/{batch_id}", timeout=60).json()  # type: ignore[no-any-return]
+def cancel_batch(server: Server, batch_id: str) -> dict[str, Any]:
+    """Cancel a batch and wait until it stopped; its last state."""
+    with httpx.Client(base_url=server.base_url, timeout=600) as client:
+        client.post(f"/v1/batches/{batch_id}/cancel")
+        wait_for(client, batch_id, ("cancelled", "completed", "failed"))
+        return client.get(f"/v1/batches/{batch_id}").json()  # type: ignore[no-any-return]
+
+
+def wait_for(client: httpx.Client, batch_id: str, states: tuple[str, ...]) -> str:
+    for _ in range(1200):
+        state = client.get(f"/v1/batches/{batch_id}").json()
+        if state["status"] in states:
+            return batch_id
+        time.sleep(0.25)
+    raise RuntimeError(f"batch {batch_id} never reached {states}: {state}")
 
 
 def main() -> None:
@@ -99,7 +116,7 @@ def main() -> None:
     parser.add_argument("--lines", type=int, default=100_000)
     parser.add_argument("--streams", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=6)
     args = parser.parse_args()
     from mlxcore.models.default import ensure_default_model
 
@@ -111,18 +128,22 @@ def main() -> None:
             asyncio.run(streams_round(server, args.streams, 8))  # warm-up
             alone: tuple[list[float], list[float]] = ([], [])
             beside: tuple[list[float], list[float]] = ([], [])
-            batch_id = ""
-            for round_ in range(args.rounds):
+            file_id = upload(server, args.lines)
+            for round_ in range(args.rounds):  # alternating, so drift hits both alike
                 ttft, gaps = asyncio.run(streams_round(server, args.streams, args.tokens))
                 alone[0].extend(ttft)
                 alone[1].extend(gaps)
-                if not batch_id:
-                    batch_id = start_batch(server, args.lines)
+                p99_alone = p(gaps, 99)
+                batch_id = start_batch(server, file_id)
                 ttft, gaps = asyncio.run(streams_round(server, args.streams, args.tokens))
                 beside[0].extend(ttft)
                 beside[1].extend(gaps)
-                state = batch_state(server, batch_id)
-                print(f"round {round_ + 1}: batch {state['status']} {state['request_counts']}")
+                state = cancel_batch(server, batch_id)
+                print(
+                    f"round {round_ + 1}: p99 alone {p99_alone * 1000:.1f} ms, beside "
+                    f"{p(gaps, 99) * 1000:.1f} ms; batch {state['status']} "
+                    f"{state['request_counts']}"
+                )
             rows = []
             for name, (ttft, gaps) in (("alone", alone), ("beside the batch", beside)):
                 rows.append((name, p(gaps, 50), p(gaps, 99), statistics.median(ttft)))

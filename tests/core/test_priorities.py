@@ -213,3 +213,28 @@ def test_a_shutdown_drains_paused_background_work(tiny_llama: Path) -> None:
     while not isinstance(event, FinishEvent):
         event = bg.get(timeout=1)
     assert event.reason in ("length", "stop") and event.usage.completion_tokens > 1
+
+
+def test_a_burst_behind_held_background_work_is_still_gathered(tiny_llama: Path) -> None:
+    """Interactive requests arriving a few milliseconds apart start together
+    (``--burst-gather``) even when held background work waits in front of them: its old
+    arrival time must not end the gathering at once (found by
+    scripts/batch_beside_streams.py: inter-token p99 +25% beside a batch)."""
+    rt = make_runtime(tiny_llama, burst_gather=0.1, background_grace=30.0)
+    try:
+        first: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        rt.engine.submit(greedy(1), first.put)  # an interactive request: background waits
+        wait_finish(first)
+        rt.engine.submit(greedy(4, BACKGROUND), lambda e: None)  # held in the queue
+        time.sleep(0.7)  # longer than the gathering's cap (5 x 0.1 s) from its arrival
+        admitted: list[float] = []
+        burst = [queue.SimpleQueue[Event]() for _ in range(4)]
+        for events in burst:
+            rt.engine.submit(greedy(2), events.put, lambda: admitted.append(time.monotonic()))
+            time.sleep(0.02)
+        for events in burst:
+            wait_finish(events)
+    finally:
+        rt.engine.shutdown(timeout=5)
+    assert len(admitted) == 4
+    assert max(admitted) - min(admitted) < 0.03  # one admission, not one per arrival

@@ -659,3 +659,12 @@ def test_more_choices_than_the_queue_holds_is_400(small_server: Server) -> None:
 def test_head_health_is_200_without_a_body(small_server: Server) -> None:
     r = httpx.head(f"{small_server.base_url}/health", timeout=30)
     assert r.status_code == 200 and r.content == b""
+
+
+def test_made_up_http_methods_share_one_metrics_label(http: httpx.Client) -> None:
+    """A label per method a client makes up would grow /metrics without bound."""
+    for i in range(20):
+        http.request(f"MADEUP{i}", "/v1/models")
+    text = http.get("/metrics").text
+    assert "MADEUP" not in text
+    assert 'method="other"' in text

@@ -233,15 +233,19 @@ class Admission:
         the engine a few milliseconds apart (each is parsed and templated first); started
         one by one, the first ones decode while each later arrival's join stretches their
         steps. So with nothing running, admission waits until no request has arrived for
-        the gather time, at most :data:`GATHER_CAP` times it from the first arrival."""
+        the gather time, at most :data:`GATHER_CAP` times it from the first arrival.
+        Background requests held in the queue do not count as arrivals: a burst of
+        interactive requests behind them is gathered all the same."""
         gather = self.config.burst_gather
         if gather <= 0 or self.stopping or not self.waiting or loop.live:
             return 0.0
         if self.jobs.running is not None or self.jobs.waiting:
             return 0.0
+        arrived = [h.queued_at for h in self.waiting if not self._is_background(h)]
+        arrived = arrived or [h.queued_at for h in self.waiting]
         now = time.monotonic()
-        quiet = self.waiting[-1].queued_at + gather - now
-        cap = self.waiting[0].queued_at + GATHER_CAP * gather - now
+        quiet = max(arrived) + gather - now
+        cap = min(arrived) + GATHER_CAP * gather - now
         return max(0.0, min(quiet, cap))
 
     def _fits(self, loop: BatchLoop, reserved: int) -> bool:

@@ -215,6 +215,12 @@ class MemoryBudget:
         )
         return cls(limit, weights, per_token, cache_limit, elsewhere, quantized)
 
+    def add_weights(self, nbytes: int) -> None:
+        """Count ``nbytes`` more (or, negative, fewer) of weights: an adapter loaded or
+        removed at run time. Called on the engine thread (from a job), so admission
+        never sees half a change."""
+        self.weights = max(0, self.weights + nbytes)
+
     def kv_budget(self, prefix_cache_bytes: int) -> int | None:
         """Bytes left for running requests' caches (``None``: no limit known)."""
         if self.limit is None:

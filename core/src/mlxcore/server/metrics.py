@@ -23,6 +23,10 @@ RECENT_REQUESTS = 50
 """How many finished requests :meth:`Metrics.as_json` lists (the newest)."""
 
 
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+"""Methods counted under their own label; any other a client sends counts as ``other``
+(a label per made-up method would grow the registry without bound)."""
+
 class _GaugeReader(Collector):
     """Gauges read at scrape time: engine load, memory, cache and decoder stats."""
 
@@ -97,7 +101,9 @@ class Metrics:
         if message.get("type") == "http.response.start" and scope.get("type") == "http":
             route = scope.get("path_template") or "unmatched"
             status = str(message.get("status", 0))
-            self.http.labels(method=scope.get("method", ""), route=route, status=status).inc()
+            method = scope.get("method", "")
+            method = method if method in HTTP_METHODS else "other"  # a client names it
+            self.http.labels(method=method, route=route, status=status).inc()
 
     def record_finish(
         self,

@@ -337,7 +337,12 @@ class GenerationService:
 
 class _Inbox:
     """One request's engine events on the event loop, for its one consumer: what an
-    ``asyncio.Queue`` does here with less work per token (one waiter, no getter queue)."""
+    ``asyncio.Queue`` does here with less work per token (one waiter, no getter queue).
+
+    Bounded by construction: the engine sends a request at most one event per token it
+    generates (``max_tokens``, bounded by the context), one per prefill chunk of its
+    prompt and one finish, so a consumer that stops reading holds at most that many; a
+    client that goes away cancels the request, which stops the events."""
 
     __slots__ = ("_items", "_loop", "_waiter")
 

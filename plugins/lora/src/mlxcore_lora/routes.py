@@ -80,14 +80,14 @@ async def _on_engine(svc: GenerationService, kind: str, work: Any, cost: int) ->
 
 def _install(engine: Engine, bank: AdapterBank, weights: AdapterWeights) -> int:
     key = bank.install(weights)
-    engine.memory.weights += weights.nbytes
+    engine.memory.add_weights(weights.nbytes)
     return key
 
 
 def _remove_if_idle(engine: Engine, bank: AdapterBank, name: str, key: int) -> bool:
     if any(r.options.get(ADAPTER_OPTION) == key for r in engine.live_requests()):
         return False
-    engine.memory.weights -= bank.remove(name).nbytes
+    engine.memory.add_weights(-bank.remove(name).nbytes)
     return True
 
 
