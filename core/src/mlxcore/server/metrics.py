@@ -27,6 +27,7 @@ HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTI
 """Methods counted under their own label; any other a client sends counts as ``other``
 (a label per made-up method would grow the registry without bound)."""
 
+
 class _GaugeReader(Collector):
     """Gauges read at scrape time: engine load, memory, cache and decoder stats."""
 
