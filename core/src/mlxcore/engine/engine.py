@@ -169,6 +169,9 @@ class Engine:
         """Set on rank 0 of a distributed engine (:mod:`mlxcore.distributed.lockstep`):
         every step is announced to the other ranks first; faults are final."""
         self._published = EngineSnapshot.of(self._loop, self.admission, None)
+        self._stepping = False
+        """The generation thread is stepping outside the lock (set under it by
+        :meth:`_plan`): readers take the published snapshot, else a fresh one."""
         log.info(
             "engine strategies: cache=%s prefill=%s decoder=%s",
             self.cache.name,
@@ -341,12 +344,17 @@ class Engine:
         return [live.request for live in list(self._loop.live.values())]
 
     def stats(self) -> dict[str, float]:
-        """Load, memory, supervision and strategy counters (any thread): the figures the
-        engine thread published after its latest step (:class:`EngineSnapshot`), with the
-        queue's and the supervisor's, read under the lock."""
+        """Load, memory, supervision and strategy counters (any thread), read under the
+        lock: while the generation thread steps, the figures it published after its
+        latest step (:class:`EngineSnapshot`); while it waits, fresh ones (it cannot
+        start a step meanwhile). Never call it holding another engine's lock."""
         with self._wake:
+            if self._stepping:
+                figures = self._published.figures
+            else:
+                figures = EngineSnapshot.of(self._loop, self.admission, self.step_sync).figures
             return {
-                **self._published.figures,
+                **figures,
                 "requests_waiting": len(self.admission.waiting),
                 "requests_expired_in_queue": self.admission.expired,
                 "engine_up": 1.0 if self._up() else 0.0,
@@ -399,11 +407,13 @@ class Engine:
         """What the thread does next (caller holds the lock): a :class:`StepPlan`,
         ``"superseded"`` or ``"drained"`` (the thread ends), or ``None`` after waiting
         here (idle, a burst gathering, only held-back background work)."""
+        self._stepping = False
         if epoch != self._epoch:
             return "superseded"
         loop, sync, admission = self._loop, self.step_sync, self.admission
         if self._idle(loop):
             if sync is not None:  # the other ranks wait in step with this one
+                self._stepping = True
                 return StepPlan(loop, [], [], sync, pause=True)
             self._wait_idle(loop)
             return None
@@ -424,6 +434,7 @@ class Engine:
         if held:  # only background work, held back: nothing to step
             self._wake.wait(timeout=held)
             return None
+        self._stepping = True
         return StepPlan(loop, admitted, list(admission.waiting), sync)
 
     def _step(self, epoch: int, plan: StepPlan) -> bool:

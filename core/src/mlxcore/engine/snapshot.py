@@ -4,7 +4,9 @@ The metrics thread (``/metrics``, ``/health``, the dashboard's history) and the 
 models' engines (their admission counts what this model holds) must not walk the batch
 loop while the engine thread changes it. So after each step the engine thread builds an
 :class:`EngineSnapshot` and replaces the published one in a single assignment; readers
-take whichever is current: figures at most one step old.
+take whichever is current: figures at most one step old. While the engine thread
+waits for work, :meth:`~mlxcore.engine.engine.Engine.stats` builds a fresh one under the
+engine's lock instead.
 """
 
 from __future__ import annotations
