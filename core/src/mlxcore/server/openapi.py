@@ -175,6 +175,13 @@ with ``required``, ``if``/``then``, ``allOf`` of those) stating the rules betwee
 fields that the route enforces; merged into the struct's component, so the document
 states every rule the server holds a request to."""
 
+CONTEXT_TOKENS_TITLE = "tokens within the context"
+"""The title of a token-id array that must fit the context (an embedding input): the
+document bounds its length by the context."""
+PROMPT_TOKENS_TITLE = "prompt tokens"
+"""The title of a prompt's token-id array: at most the context less one token (one is
+left to generate)."""
+
 CONTEXT_TITLE = "context length"
 """The title of a field that asks for a context length (Ollama's ``num_ctx``): the
 document bounds it by the served context."""
@@ -226,6 +233,9 @@ def _limit(components: dict[str, Any], limits: ModelLimits) -> None:
     if limits.context:
         maxima[CONTEXT_TITLE] = limits.context
     _bound_marked(components, maxima)
+    if limits.context:
+        lengths = {CONTEXT_TOKENS_TITLE: limits.context, PROMPT_TOKENS_TITLE: limits.context - 1}
+        _bound_lengths(components, lengths)
     for schema in components.values():
         props = schema.get("properties", {}) if isinstance(schema, dict) else {}
         if vocab and "logit_bias" in props:
@@ -244,6 +254,21 @@ def _bound_marked(node: Any, maxima: dict[str, int]) -> None:
             node["maximum"] = maxima[title]
         for value in node.values():
             _bound_marked(value, maxima)
+
+
+def _bound_lengths(node: Any, lengths: dict[str, int]) -> None:
+    """Give every array schema under ``node`` whose title is a key of ``lengths`` (the
+    :data:`CONTEXT_TOKENS_TITLE` and :data:`PROMPT_TOKENS_TITLE` markers) its
+    ``maxItems``."""
+    if isinstance(node, list):
+        for item in node:
+            _bound_lengths(item, lengths)
+    elif isinstance(node, dict):
+        title = node.get("title")
+        if isinstance(title, str) and title in lengths and "items" in node:
+            node["maxItems"] = lengths[title]
+        for value in node.values():
+            _bound_lengths(value, lengths)
 
 
 def openapi_document(

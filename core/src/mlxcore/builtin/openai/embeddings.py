@@ -15,7 +15,14 @@ from mlxcore.embeddings import EmbeddingError, hidden_size
 from mlxcore.request_builder import check_prompt_size
 from mlxcore.server.errors import APIError, invalid
 from mlxcore.server.frontend import decode_body, model_service, served_name
-from mlxcore.server.openapi import BODY_OPTION, DIMENSIONS_TITLE, REPLIES_OPTION, TOKEN_ID, reply
+from mlxcore.server.openapi import (
+    BODY_OPTION,
+    CONTEXT_TOKENS_TITLE,
+    DIMENSIONS_TITLE,
+    REPLIES_OPTION,
+    TOKEN_ID,
+    reply,
+)
 from mlxcore.server.service import GenerationService
 
 MAX_INPUTS = 2048
@@ -30,10 +37,10 @@ class EmbeddingRequest(msgspec.Struct, kw_only=True):
         # one input's token ids, or inputs that are strings or lists of token ids (msgspec
         # takes one array type per union)
         msgspec.Meta(extra_json_schema={"allOf": [{"anyOf": [
-            {"items": TOKEN_ID},
+            {"items": TOKEN_ID, "title": CONTEXT_TOKENS_TITLE},
             {"items": {"anyOf": [
                 {"type": "string", "minLength": 1},
-                {"type": "array", "minItems": 1, "items": TOKEN_ID},
+                {"type": "array", "minItems": 1, "items": TOKEN_ID, "title": CONTEXT_TOKENS_TITLE},
             ]}},
         ]}]}),
     ]  # fmt: skip

@@ -7,7 +7,13 @@ from typing import Annotated, Any, ClassVar, Literal
 import msgspec
 
 from mlxcore.engine.validation import MAX_STOP_CHARS, MAX_STOPS, MAX_TOP_LOGPROBS
-from mlxcore.server.openapi import BUDGET_TITLE, PROMPT_TOKEN_ID, given, implies
+from mlxcore.server.openapi import (
+    BUDGET_TITLE,
+    PROMPT_TOKEN_ID,
+    PROMPT_TOKENS_TITLE,
+    given,
+    implies,
+)
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):
@@ -197,10 +203,11 @@ class CompletionRequest(SamplingFields, kw_only=True):
         | Annotated[list[Any], msgspec.Meta(min_length=1)],
         # one prompt's token ids, or prompts as strings or as token-id lists
         msgspec.Meta(extra_json_schema={"allOf": [{"anyOf": [
-            {"items": PROMPT_TOKEN_ID},
+            {"items": PROMPT_TOKEN_ID, "title": PROMPT_TOKENS_TITLE},
             {"maxItems": MAX_PROMPTS, "items": {"type": "string", "minLength": 1}},
             {"maxItems": MAX_PROMPTS,
-             "items": {"type": "array", "minItems": 1, "items": PROMPT_TOKEN_ID}},
+             "items": {"type": "array", "minItems": 1, "items": PROMPT_TOKEN_ID,
+                       "title": PROMPT_TOKENS_TITLE}},
         ]}]}),
     ]  # fmt: skip
     logprobs: Annotated[int, _range(0, MAX_TOP_LOGPROBS)] | None = None
