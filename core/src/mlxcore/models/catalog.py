@@ -152,9 +152,13 @@ def read_catalog(path: str | Path) -> Catalog:
     models = document.get("models")
     if not isinstance(models, dict) or not models:
         raise UsageError(f"--models-config {path}: no [models.NAME] tables")
-    entries = tuple(_entry(name, table, f"{path}: [models.{name}]") for name, table in models.items())
+    entries = tuple(
+        _entry(name, table, f"{path}: [models.{name}]") for name, table in models.items()
+    )
     idle = document.get("idle_unload")
-    if idle is not None and (isinstance(idle, bool) or not isinstance(idle, int | float) or idle < 0):
+    if idle is not None and (
+        isinstance(idle, bool) or not isinstance(idle, int | float) or idle < 0
+    ):
         raise UsageError(f"--models-config {path}: idle_unload must be seconds >= 0")
     budget = document.get("memory_budget")
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, str | int)):
@@ -168,14 +172,16 @@ def _entry(name: str, table: Any, where: str) -> CatalogEntry:
     values = {key.replace("_", "-"): value for key, value in table.items()}
     source = values.get("source")
     if not isinstance(source, str) or not source.strip():
-        raise UsageError(f"{where}: source = \"<folder, repo id or .gguf file>\" is required")
+        raise UsageError(f'{where}: source = "<folder, repo id or .gguf file>" is required')
     aliases = _strings(values.get("aliases", []), f"{where}: aliases")
     plugins = _strings(values.get("plugins", []), f"{where}: plugins")
     pinned = values.get("pinned", False)
     if not isinstance(pinned, bool):
         raise UsageError(f"{where}: pinned must be true or false")
     idle = values.get("idle-unload")
-    if idle is not None and (isinstance(idle, bool) or not isinstance(idle, int | float) or idle < 0):
+    if idle is not None and (
+        isinstance(idle, bool) or not isinstance(idle, int | float) or idle < 0
+    ):
         raise UsageError(f"{where}: idle_unload must be seconds >= 0")
     task = values.get("task", "generate")
     if task not in TASKS:

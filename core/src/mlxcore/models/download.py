@@ -79,12 +79,14 @@ def download_repo(
             another size than the Hub announced.
     """
     from huggingface_hub import HfApi
-    from huggingface_hub.errors import HfHubHTTPError
+    from huggingface_hub.errors import HfHubHTTPError, HFValidationError
     from huggingface_hub.utils import filter_repo_objects
 
     api = HfApi()
     try:
         info = api.model_info(repo_id, revision=revision)
+    except HFValidationError as exc:
+        raise DownloadError(f"{repo_id!r} is not a Hugging Face repo id: {exc}", 404) from exc
     except HfHubHTTPError as exc:
         status = exc.response.status_code if exc.response is not None else 502
         kind = 404 if status in (401, 403, 404) else 502
@@ -116,7 +118,7 @@ def cached_or_downloaded(
     """``repo_id``'s folder from the Hugging Face cache when it is whole there (no
     network at all), else from :func:`download_repo`; and whether it was downloaded."""
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
     try:
         here = Path(
@@ -126,6 +128,8 @@ def cached_or_downloaded(
             return here, False
     except LocalEntryNotFoundError:
         pass
+    except HFValidationError as exc:
+        raise DownloadError(f"{repo_id!r} is not a Hugging Face repo id: {exc}", 404) from exc
     return download_repo(repo_id, patterns, progress=progress, on_progress=on_progress), True
 
 

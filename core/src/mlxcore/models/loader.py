@@ -6,21 +6,18 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import struct
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-from mlxcore.models.names import model_name
-from mlxcore.model_info import ModelInfo
 from mlxcore.errors import ModelLoadError
+from mlxcore.model_info import ModelInfo
 from mlxcore.models.folder import read_weight_keys
+from mlxcore.models.names import model_name
 from mlxcore.models.resolve import ResolvedModel, resolve_model
-
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,6 @@ asks a running server whether a model is loaded before removing it.
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 from collections.abc import Callable, Iterator

@@ -11,16 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
-import mmap
 import os
 import re
 import shutil
-import struct
 import tempfile
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any
 
 import attrs
 
@@ -134,9 +130,7 @@ def _download_repo(repo_id: str) -> Path:
     try:
         # offline, or the Hub out of reach (the download said 503): the cache has the
         # last word
-        folder = snapshot_download(
-            repo_id, allow_patterns=HF_ALLOW_PATTERNS, local_files_only=True
-        )
+        folder = snapshot_download(repo_id, allow_patterns=HF_ALLOW_PATTERNS, local_files_only=True)
     except LocalEntryNotFoundError as exc:
         why = (
             "offline mode is on (HF_HUB_OFFLINE=1)"
@@ -148,7 +142,9 @@ def _download_repo(repo_id: str) -> Path:
             "Hugging Face cache; download it on a connected machine or pass a local folder"
         ) from exc
     except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot read Hugging Face repo {repo_id} from the cache: {exc}") from exc
+        raise ModelLoadError(
+            f"cannot read Hugging Face repo {repo_id} from the cache: {exc}"
+        ) from exc
     return Path(folder)
 
 

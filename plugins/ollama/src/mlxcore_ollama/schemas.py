@@ -20,8 +20,11 @@ Format = Literal["json", ""] | dict[str, Any]
 """``"json"``, ``""`` (none) or a JSON schema."""
 DURATION_PATTERN = r"^-?[0-9]+(\.[0-9]+)?(ms|s|m|h)?$"
 """A ``keep_alive`` duration: a number and a unit (none: seconds)."""
-REPO_PATTERN = r"^(?!.*\.\.)[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+(:latest)?$"
-"""What ``/api/pull`` and ``/api/delete`` take: a Hugging Face repo id (``:latest`` allowed)."""
+_REPO_PART = r"[A-Za-z0-9_]([A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
+REPO_PATTERN = rf"^(?!.*(\.\.|--)){_REPO_PART}/{_REPO_PART}(:latest)?$"
+"""What ``/api/pull`` and ``/api/delete`` take: a Hugging Face repo id as the Hub
+validates it (letters, digits, ``_ . -``; no ``..`` or ``--``; neither part starts or
+ends with ``.`` or ``-``; at most 96 characters each), ``:latest`` allowed."""
 KeepAlive = Annotated[str, msgspec.Meta(pattern=DURATION_PATTERN)] | float
 """A duration (``"5m"``, ``"1h"``) or seconds; ``0`` unloads once the request is done."""
 Think = bool | Literal["low", "medium", "high"]

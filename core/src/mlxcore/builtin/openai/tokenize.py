@@ -101,6 +101,7 @@ def _tokenize(svc: GenerationService, body: TokenizeRequest) -> list[int]:
     text = body.prompt if body.prompt is not None else body.content
     if (text is None) == (body.messages is None):
         raise invalid("give exactly one of prompt and messages", "prompt")
+    convert.check_tools(body.tools)  # in the document's shape, used or not
     if text is not None:
         builder.check_prompt_size(rt, len(text), "prompt")
         ids: list[int] = rt.tokenizer.encode(text, add_special_tokens=body.add_special_tokens)
