@@ -63,6 +63,10 @@ IDLE_RELEASE_SECONDS = 1.0
 """Idle time after which unused memory is given back to the system."""
 
 
+LIVE_COUNTERS = ("prompt_tokens_processed", "prefill_shared_prefix_waits", "decode_step_failures")
+"""Counters :meth:`Engine.stats` reads as they are, not from the snapshot."""
+
+
 @attrs.frozen
 class StepPlan:
     """What the engine thread does outside its lock (:meth:`Engine._plan`): a step of
@@ -355,6 +359,9 @@ class Engine:
                 figures = EngineSnapshot.of(self._loop, self.admission, self.step_sync).figures
             return {
                 **figures,
+                # totals the engine thread only adds to: current even mid-step, so a
+                # request's finish is never newer than the count it changed
+                **{name: self.counters[name] for name in LIVE_COUNTERS},
                 "requests_waiting": len(self.admission.waiting),
                 "requests_expired_in_queue": self.admission.expired,
                 "engine_up": 1.0 if self._up() else 0.0,
