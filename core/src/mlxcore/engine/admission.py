@@ -127,16 +127,15 @@ class Admission:
     def reserved(self, loop: BatchLoop) -> int:
         """Cache bytes the admitted requests may grow to (prompt + max_tokens each), and
         the bytes of the running job."""
-        return self.jobs.reserved + sum(
-            self.memory.cost(len(live.request.prompt_tokens) + live.request.max_tokens)
-            for live in list(loop.live.values())
-        )
+        return self.jobs.reserved + self.cost([live.handle for live in list(loop.live.values())])
 
     def cost(self, handles: Sequence[RequestHandle]) -> int:
         """Cache bytes ``handles`` may grow to (prompt + max_tokens each)."""
-        return sum(
-            self.memory.cost(len(h.request.prompt_tokens) + h.request.max_tokens) for h in handles
-        )
+        return sum(self.need(h) for h in handles)
+
+    def need(self, handle: RequestHandle) -> int:
+        """Cache bytes one request may grow to: its prompt and its whole budget."""
+        return self.memory.cost(len(handle.request.prompt_tokens) + handle.request.max_tokens)
 
     def take_job(self, loop: BatchLoop) -> ModelJob | None:
         """Start the next job after this step, if its bytes fit beside the admitted
@@ -180,7 +179,7 @@ class Admission:
                 end(handle, "error", UNAVAILABLE, gone)
                 left.add(id(handle))
                 continue
-            need = self.memory.cost(len(handle.request.prompt_tokens) + handle.request.max_tokens)
+            need = self.need(handle)
             if (loop.live or taken) and not self._fits(loop, reserved + need):
                 break
             taken.append(handle)
