@@ -10,7 +10,7 @@ PY := .venv/bin/python
 export UV_PYTHON_DOWNLOADS := never
 PYTEST_ARGS ?=
 
-.PHONY: setup serve generate test test-long lint typecheck docs bench reliability agents-e2e agent-sessions ui-screenshots clean
+.PHONY: setup serve generate test test-long lint typecheck docs bench reliability agents-e2e agent-sessions replicas-e2e ui-screenshots clean
 
 $(UV):
 	python3 -m venv .tools/uv
@@ -45,13 +45,18 @@ docs:
 	$(PY) scripts/gen_hooks_doc.py
 
 test: setup lint typecheck
-	$(PY) scripts/pytest-openblas -n 2 --dist loadfile --durations=15 -m "not long" $(PYTEST_ARGS)
+	$(PY) scripts/pytest-openblas -n 2 --dist loadfile --durations=15 -m "not long and not replicas" $(PYTEST_ARGS)
 
 # The tests left out of `make test` to keep it under 20 minutes on CI's 2 cores: the
 # distributed group end to end, the benchmark scripts' long modes, variants of tests whose
 # main case `make test` runs (about 16 minutes of test time).
 test-long: setup
 	$(PY) scripts/pytest-openblas -n 2 --dist loadfile --durations=15 -m long $(PYTEST_ARGS)
+
+# Replicas behind the real vllm-router (docs/replicas.md): agent sessions under each
+# policy, kill -9 of a replica, a full replica's 503 retried elsewhere (about 5 minutes).
+replicas-e2e: setup
+	$(PY) scripts/pytest-openblas -s --durations=10 -m replicas tests/e2e/test_replicas.py $(PYTEST_ARGS)
 
 # The web page's screenshots in docs/images, taken by its browser tests (headless Chromium).
 ui-screenshots: setup

@@ -15,6 +15,7 @@ import attrs
 from mlxcore.settings import (
     byte_size,
     fraction,
+    header_value,
     json_object,
     log_level,
     non_negative_int,
@@ -210,6 +211,11 @@ class ServerConfig:
         help="address to listen on (default 127.0.0.1)",
     )  # fmt: skip
     port: int = setting(8000, group=HTTP, type=int, help="port to listen on (default 8000)")
+    replica_name: str | None = setting(
+        None, group=HTTP, metavar="NAME", type=header_value,
+        help="name this server in an x-mlxcore-replica header on every response (to see "
+        "which replica behind a router answered; default: no header)",
+    )  # fmt: skip
     served_model_name: tuple[str, ...] = setting(
         (), group=HTTP, nargs="+", metavar="NAME", converter=tuple,
         help="model name(s) clients may use; the first is the one responses report "

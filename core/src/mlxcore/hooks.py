@@ -141,6 +141,23 @@ class PluginHooks:
         reg = self._registry("cache strategy", "mlxcore_cache_strategy", **kw)
         return self._choose(reg, config.cache_strategy, "--cache-strategy")
 
+    def watched_cache_strategy(
+        self, model: Any, info: ModelInfo, config: ServerConfig, resources: ModelResources
+    ) -> CacheStrategy:
+        """:meth:`cache_strategy`, with every plugin's prefix-cache watcher attached
+        (``mlxcore_prefix_cache_watcher``)."""
+        strategy = self.cache_strategy(model, info, config, resources)
+        answers = self._call("mlxcore_prefix_cache_watcher", info=info, config=config)
+        for plugin, watcher in answers.results:
+            if watcher is not None and not strategy.watch(watcher):
+                log.warning(
+                    "plugin %s watches the prefix cache, but the %s cache strategy tells "
+                    "no changes",
+                    plugin,
+                    strategy.name,
+                )
+        return strategy
+
     def prefill_strategy(
         self, model: Any, info: ModelInfo, config: ServerConfig, resources: ModelResources
     ) -> PrefillStrategy:

@@ -36,6 +36,7 @@ from mlxcore import hookspec
 
 if TYPE_CHECKING:
     from mlxcore.config import ServerConfig
+    from mlxcore.engine.prefix_tree import TreeWatcher
     from mlxcore.engine.request import GenerationRequest
     from mlxcore.engine.strategies import (
         CacheStrategy,
@@ -272,6 +273,26 @@ def mlxcore_cache_strategy(
         @hookimpl
         def mlxcore_cache_strategy(model, info, config):
             return SnapshotCache(model) if info.model_type == "qwen3_5" else None
+    """
+
+
+@hookspec
+def mlxcore_prefix_cache_watcher(info: ModelInfo, config: ServerConfig) -> TreeWatcher | None:
+    """Watch this model's prefix cache: return a :class:`~mlxcore.engine.prefix_tree.TreeWatcher`
+    (or ``None``) told of every prefix the cache stores, splits and drops.
+
+    When: each time ``mlxcore_cache_strategy`` gave the engine a fresh strategy (at
+    start-up and after each restart); the watcher's ``cleared`` is called when that
+    strategy closes. Strategies that keep no radix tree (``--cache-strategy lru``) tell
+    nothing. The watcher runs on the engine's thread under the cache's lock: hand the
+    work to a thread of your own. The ``kv-events`` plugin publishes the changes as
+    vLLM's KV events.
+
+    Example::
+
+        @hookimpl
+        def mlxcore_prefix_cache_watcher(info, config):
+            return MyMirror(info.path)
     """
 
 

@@ -182,7 +182,7 @@ def engine_parts(
     they build around ``resources``, loaded once)."""
     model, info = loaded.model, loaded.info
     return EngineParts(
-        cache=lambda: hooks.cache_strategy(model, info, config, resources),
+        cache=lambda: hooks.watched_cache_strategy(model, info, config, resources),
         prefill=lambda: hooks.prefill_strategy(model, info, config, resources),
         decoder=lambda: hooks.decoder(model, info, config, resources),
         processors_for=lambda request: hooks.logits_processors(request, info),

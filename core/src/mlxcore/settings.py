@@ -156,6 +156,13 @@ def positive_int(text: str) -> int:
     return value
 
 
+def header_value(text: str) -> str:
+    """Text that can be an HTTP header's value: 1-128 printable ASCII characters."""
+    if not 0 < len(text) <= 128 or not all(" " <= ch <= "~" for ch in text):
+        raise argparse.ArgumentTypeError(f"expected 1-128 printable ASCII characters, got {text!r}")
+    return text
+
+
 def non_negative_int(text: str) -> int:
     """An integer >= 0."""
     try:

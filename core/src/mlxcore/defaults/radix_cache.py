@@ -56,7 +56,7 @@ from mlxcore.engine.cache_segments import (
 )
 from mlxcore.engine.memory import cache_cost
 from mlxcore.engine.prefix_pool import PoolSeat
-from mlxcore.engine.prefix_tree import Node, PathMatch, PrefixTree
+from mlxcore.engine.prefix_tree import Node, PathMatch, PrefixTree, TreeWatcher
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.strategies import CacheLookup, CacheStats, CacheStrategy, LayerCache
 
@@ -319,6 +319,18 @@ class RadixPrefixCache(CacheStrategy):
     def clear(self) -> None:
         with self._lock:
             self.tree.clear()
+
+    def watch(self, watcher: TreeWatcher) -> bool:
+        with self._lock:
+            self.tree.watchers.append(watcher)
+        return True
+
+    def close(self) -> None:
+        """The watchers hear the tree is gone (its memory goes with the strategy)."""
+        with self._lock:
+            for watcher in self.tree.watchers:
+                watcher.cleared()
+            self.tree.watchers.clear()
 
     def evict(self, nbytes: int) -> None:
         with self._lock:

@@ -28,13 +28,18 @@ evictions must agree, and the protected set depends on when a rank evicts.
 The tree knows nothing about MLX: segments are split with the ``split`` function given
 to it, and sizes are passed in. :mod:`mlxcore.engine.cache_segments` supplies both for
 real caches.
+
+A :class:`TreeWatcher` hears of every change to the tokens the tree holds (a new leaf, a
+split, a removed node, everything cleared), under the same lock as the change: a plugin
+mirrors the tree's contents from it (the ``kv-events`` plugin publishes them to a
+router as vLLM's KV events).
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import numpy as np
@@ -48,6 +53,25 @@ others (see the module docstring)."""
 
 UnitKey = tuple[int, int, int, int, "Node"]
 """An eviction unit's order: (protected, last used, inner snapshot after leaf, serial)."""
+
+
+class TreeWatcher(Protocol):
+    """Told of every change to the tokens a :class:`PrefixTree` holds (see the module
+    docstring). Called on the thread that changes the tree, under its lock: keep it short
+    and never call back into the tree."""
+
+    def stored(self, node: Node) -> None:
+        """``node`` is a new leaf: its tokens, after its parent's, were not held before."""
+
+    def split(self, upper: Node, lower: Node) -> None:
+        """``lower`` was cut: its first tokens are now the new node ``upper`` (its parent);
+        the tokens the tree holds are unchanged."""
+
+    def removed(self, node: Node) -> None:
+        """The leaf ``node`` is about to go (its tokens and path are still readable)."""
+
+    def cleared(self) -> None:
+        """Everything is gone (or the tree is closed for good)."""
 
 
 class Node:
@@ -172,6 +196,8 @@ class PrefixTree:
         self.nbytes = 0
         self.nodes: dict[int, Node] = {}
         self.snapshots = 0
+        self.watchers: list[TreeWatcher] = []
+        """Told of every change (:class:`TreeWatcher`)."""
 
     # -- reading -------------------------------------------------------------------
 
@@ -237,6 +263,8 @@ class PrefixTree:
             node = self._new(parent, np.array(tokens[found.shared :], dtype=np.int64))
             node.segment, node.segment_bytes = segment, nbytes
             self.nbytes += nbytes
+            for watcher in self.watchers:
+                watcher.stored(node)
             parent = node
         if snapshot_for is not None and parent.snapshot is None:
             parent.snapshot, parent.snapshot_bytes = snapshot_for()
@@ -270,6 +298,8 @@ class PrefixTree:
         node.segment, node.segment_bytes = tail_seg, tail_bytes
         node.parent = upper
         upper.children[int(node.tokens[0])] = node
+        for watcher in self.watchers:
+            watcher.split(upper, node)
         return upper
 
     # -- eviction --------------------------------------------------------------------
@@ -349,6 +379,8 @@ class PrefixTree:
     def _remove_leaf(self, node: Node, *, logged: bool) -> Node | None:
         if logged and self.on_evict is not None:
             self.on_evict(node)
+        for watcher in self.watchers:
+            watcher.removed(node)
         if node.snapshot is not None:
             self._drop_snapshot(node)
         self.nbytes -= node.segment_bytes
@@ -364,3 +396,5 @@ class PrefixTree:
         self.root.children.clear()
         self.nodes.clear()
         self.nbytes = self.snapshots = 0
+        for watcher in self.watchers:
+            watcher.cleared()

@@ -37,6 +37,7 @@ from mlxcore.errors import MlxcoreError
 
 if TYPE_CHECKING:
     from mlxcore.engine.prefix_pool import PoolSeat
+    from mlxcore.engine.prefix_tree import TreeWatcher
 
 LayerCache = list[Any]
 """One mlx-lm cache object per model layer."""
@@ -210,6 +211,12 @@ class CacheStrategy(abc.ABC):
         stored), evicting the others. The default keeps nothing when ``count`` is 0."""
         if count == 0:
             self.clear()
+
+    def watch(self, watcher: TreeWatcher) -> bool:
+        """Tell ``watcher`` of every change to the prefixes this strategy holds in memory
+        from now on (and :meth:`TreeWatcher.cleared` when it closes); False when it
+        cannot (the default: only the radix tree's changes are told)."""
+        return False
 
     def close(self) -> None:
         """Release threads and files (the engine stops, or replaces the strategy after a

@@ -344,7 +344,7 @@ def create_app(
         route_handlers=handlers,
         exception_handlers={Exception: errors},
         before_request=_before_request(keys),
-        before_send=[_on_response_start(router.metrics)],
+        before_send=[_on_response_start(router.metrics, config.replica_name)],
         cors_config=cors,
         request_max_body_size=config.max_request_body_bytes,
         lifespan=[lifespan],
@@ -360,13 +360,22 @@ def create_app(
     return app
 
 
-def _on_response_start(metrics: Metrics) -> Callable[[Any, Any], Awaitable[None]]:
-    """One ``before_send`` hook for the response's start (request id header, metrics);
-    a streamed body's chunks go past it with one check each."""
+REPLICA_HEADER = b"x-mlxcore-replica"
+"""The response header naming the replica (``--replica-name``)."""
+
+
+def _on_response_start(
+    metrics: Metrics, replica: str | None
+) -> Callable[[Any, Any], Awaitable[None]]:
+    """One ``before_send`` hook for the response's start (request id and replica
+    headers, metrics); a streamed body's chunks go past it with one check each."""
+    replica_header = (REPLICA_HEADER, replica.encode()) if replica else None
 
     async def hook(message: Any, scope: Any) -> None:
         if message["type"] == "http.response.start":
             await request_ids.echo(message, scope)
+            if replica_header is not None:
+                message["headers"] = [*(message.get("headers") or []), replica_header]
             await metrics.count_response(message, scope)
 
     return hook

@@ -37,6 +37,7 @@ from mlxcore.engine.cache_explain import CacheExplanation, explain_lookup
 from mlxcore.engine.kv_quant import KVQuantization
 from mlxcore.engine.memory import compact_cache
 from mlxcore.engine.prefix_pool import PoolSeat
+from mlxcore.engine.prefix_tree import TreeWatcher
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.strategies import (
     CacheLookup,
@@ -371,8 +372,13 @@ class DiskTieredCache(CacheStrategy):
     def evict(self, nbytes: int) -> None:
         self.memory.evict(nbytes)
 
+    def watch(self, watcher: TreeWatcher) -> bool:
+        """The memory tier's changes (the disk tier's files are not told)."""
+        return self.memory.watch(watcher)
+
     def close(self) -> None:
         """Write what is queued, then stop the writer and the reader."""
+        self.memory.close()
         if self.writer is not None:
             self.writer.close()
         if self._reader is not None:

@@ -6,6 +6,40 @@ from typing import Any
 
 from mlxcore import hookimpl
 from mlxcore.config import ServerConfig
+from mlxcore.request_builder import warn_once
+
+ROUTER_FIELDS: dict[str, object] = {
+    "skip_special_tokens": True,
+    "include_reasoning": True,
+    "separate_reasoning": True,
+    "stream_reasoning": True,
+    "no_stop_trim": False,
+    "return_hidden_states": False,
+    "continue_final_message": False,
+}
+"""Fields vllm-router (and SGLang clients) add to every chat request, with the values
+that ask for what mlxcore does anyway: accepted quietly at these values; any other value
+is ignored with a warning (docs/replicas.md)."""
+
+
+@hookimpl
+def mlxcore_request_options() -> list[str]:
+    """The router-added fields of :data:`ROUTER_FIELDS`."""
+    return list(ROUTER_FIELDS)
+
+
+@hookimpl
+def mlxcore_validate_options(options: dict[str, Any], config: ServerConfig) -> None:
+    """A router-added field at another value than mlxcore's behaviour: a warning (once)."""
+    for name, neutral in ROUTER_FIELDS.items():
+        if name in options and options[name] is not None and options[name] != neutral:
+            warn_once(
+                f"router-field:{name}",
+                "request field %r = %r is not supported (mlxcore behaves as %r); it is ignored",
+                name,
+                options[name],
+                neutral,
+            )
 
 
 @hookimpl(trylast=True)

@@ -1,0 +1,191 @@
+"""vLLM's KV events on a ZMQ socket, for routers such as ``vllm-router --policy kv_aware``.
+
+The wire, as vllm-router 0.1.17 reads it (``--kv-event-source WORKER=tcp://HOST:PORT``):
+a PUB-side socket sends multipart messages ``[topic, seq, payload]``: ``seq`` an 8-byte
+big-endian counter, ``payload`` msgpack of ``[timestamp, events, data_parallel_rank]``,
+each event a map tagged by ``"type"``: ``BlockStored`` (``block_hashes``,
+``parent_block_hash``, ``token_ids``, ``block_size``, ``lora_id``, ``medium``,
+``lora_name``), ``BlockRemoved`` (``block_hashes``, ``medium``) or ``AllBlocksCleared``.
+
+The socket is an XPUB: each time a subscriber (a router starting, or reconnecting after
+this server or the router restarted) subscribes, the thread sends ``AllBlocksCleared``
+and then every block held, so a router never keeps blocks of an earlier life of this
+server nor misses those stored before it connected. ``seq`` starts at the clock's
+microseconds, so a restarted server's numbers still grow.
+
+One thread owns the socket; the engines' threads only append events to a list under
+:attr:`EventPublisher.lock`. The list is bounded: past :data:`MAX_PENDING` events
+(a subscriber-less burst cannot happen, since PUB drops, but a stalled thread can) it is
+dropped and replaced by a full resynchronisation.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+import zmq
+
+if TYPE_CHECKING:
+    from mlxcore_kv_events.blocks import Block, BlockMirror
+
+log = logging.getLogger(__name__)
+
+MEDIUM = "GPU"
+"""The medium of blocks in memory: the tier a router credits fully (vLLM's name for the
+accelerator's memory; on Apple silicon and on the CPU wheel the cache lives in the
+memory the model computes from)."""
+
+MAX_PENDING = 65536
+"""Events kept for the thread at most; past it, a full resynchronisation instead."""
+
+EVENTS_PER_MESSAGE = 512
+"""Events per message of a resynchronisation."""
+
+POLL_MS = 20
+"""How long the thread waits for a subscriber between looks at the queue."""
+
+
+class EventPublisher:
+    """The socket, its thread and the queue of events (see the module docstring).
+
+    Args:
+        endpoint: a ZMQ address to bind (``tcp://*:5557``).
+        topic: the topic frame of every message (routers subscribe to a prefix of it).
+    """
+
+    def __init__(self, endpoint: str, topic: str = "") -> None:
+        self.endpoint = endpoint
+        self.topic = topic.encode()
+        self.lock = threading.RLock()
+        self.mirrors: list[BlockMirror] = []
+        self._pending: list[dict[str, Any]] = []
+        self._resync = False
+        self._seq = time.time_ns() // 1000
+        self._closed = threading.Event()
+        context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        self._socket = context.socket(zmq.XPUB)
+        self._socket.setsockopt(zmq.XPUB_VERBOSE, 1)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.bind(endpoint)  # errors reach the caller: a clear start-up failure
+        self.sent_messages = 0
+        self._thread = threading.Thread(target=self._run, name="kv-events", daemon=True)
+        self._thread.start()
+        atexit.register(self.close)  # what a shutdown queued (the caches cleared) goes out
+
+    # -- called by the mirrors, holding the lock ------------------------------------
+
+    def add(self, mirror: BlockMirror) -> None:
+        """Publish ``mirror``'s changes from now on."""
+        with self.lock:
+            self.mirrors.append(mirror)
+
+    def stored(self, blocks: list[Block], block_size: int) -> None:
+        """A chain of new blocks (each the parent of the next)."""
+        self._put(_stored(blocks, block_size))
+
+    def removed(self, hashes: list[int]) -> None:
+        """Blocks no longer held."""
+        self._put({"type": "BlockRemoved", "block_hashes": hashes, "medium": MEDIUM})
+
+    def cleared(self, mirror: BlockMirror, hashes: list[int]) -> None:
+        """``mirror``'s tree is gone: ``AllBlocksCleared`` when it was the only one with
+        blocks, else its blocks removed one by one."""
+        if mirror in self.mirrors:
+            self.mirrors.remove(mirror)
+        if any(m.blocks for m in self.mirrors):
+            if hashes:
+                self.removed(hashes)
+        else:
+            self._put({"type": "AllBlocksCleared"})
+
+    def _put(self, event: dict[str, Any]) -> None:
+        if self._resync:
+            return  # the resynchronisation will state it
+        self._pending.append(event)
+        if len(self._pending) > MAX_PENDING:
+            log.warning("kv-events: %d events queued; resynchronising instead", MAX_PENDING)
+            self._pending.clear()
+            self._resync = True
+
+    # -- the thread ------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop the thread and close the socket (what is queued is sent first)."""
+        self._closed.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        try:
+            while not self._closed.is_set():
+                if self._socket.poll(POLL_MS, zmq.POLLIN):
+                    message = self._socket.recv()
+                    if message[:1] == b"\x01":
+                        with self.lock:
+                            self._resync = True
+                self._flush()
+            self._flush()
+        except Exception:
+            log.exception("kv-events: the publisher thread failed; no more events are sent")
+        finally:
+            self._socket.close(linger=0)
+
+    def _flush(self) -> None:
+        with self.lock:
+            if self._resync:
+                self._resync = False
+                self._pending.clear()
+                batches = self._snapshot()
+            elif self._pending:
+                batches = [self._pending]
+                self._pending = []
+            else:
+                return
+        for events in batches:
+            self._send(events)
+
+    def _snapshot(self) -> list[list[dict[str, Any]]]:
+        """``AllBlocksCleared`` then every held block, parents first (under the lock)."""
+        chains = sorted(
+            (
+                (blocks[0].end, blocks, mirror.block_size)
+                for mirror in self.mirrors
+                for blocks in mirror.blocks.values()
+                if blocks
+            ),
+            key=lambda chain: chain[0],
+        )
+        events: list[dict[str, Any]] = [{"type": "AllBlocksCleared"}]
+        events += [_stored(blocks, size) for _, blocks, size in chains]
+        return [
+            events[i : i + EVENTS_PER_MESSAGE] for i in range(0, len(events), EVENTS_PER_MESSAGE)
+        ]
+
+    def _send(self, events: list[dict[str, Any]]) -> None:
+        payload = msgpack.packb([time.time(), events, None])
+        self._seq += 1
+        try:
+            self._socket.send_multipart(
+                [self.topic, self._seq.to_bytes(8, "big"), payload], flags=zmq.NOBLOCK
+            )
+            self.sent_messages += 1
+        except zmq.Again:
+            log.debug("kv-events: a subscriber is too slow; a message was dropped")
+
+
+def _stored(blocks: list[Block], block_size: int) -> dict[str, Any]:
+    return {
+        "type": "BlockStored",
+        "block_hashes": [b.hash for b in blocks],
+        "parent_block_hash": blocks[0].parent,
+        "token_ids": [t for b in blocks for t in b.tokens],
+        "block_size": block_size,
+        "lora_id": None,
+        "medium": MEDIUM,
+        "lora_name": None,
+    }
