@@ -64,7 +64,9 @@ class ServerConfig:
     )  # fmt: skip
     max_model_len: int | None = setting(
         None, group=ENGINE, type=positive_int,
-        help="context length limit",
+        help="context length limit (default: the model's own, cut to what one sequence's "
+        "cache fits in the memory left beside the weights; stated at start-up and in "
+        "/v1/models)",
     )  # fmt: skip
     default_max_tokens: int = setting(
         512, group=ENGINE, type=positive_int, metavar="N",

@@ -7,6 +7,7 @@ built once at load time by :mod:`mlxcore.models.loader`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,12 @@ class ModelInfo:
         source: what the user asked for (a path, a repo id, a GGUF file).
         weight_keys: names of every tensor in the checkpoint's safetensors files, including
             ones the mlx-lm model class does not load (e.g. ``mtp.*``).
+        reserved_bytes: memory the model will hold beyond the weights it has loaded (an
+            expert cache that fills while serving); the engine's budget counts it as
+            weights from the start.
+        gauges: figures the plugin that loaded the model reports about it (an expert
+            cache's hits and misses), merged into the engine's stats, ``/metrics``,
+            ``/health`` and the dashboard; None when there are none.
         tokenizer: the loaded tokenizer (mlx-lm's ``TokenizerWrapper``), for plugins
             that need the vocabulary (constrained decoding, parsers); ``None`` in
             tests that build a ``ModelInfo`` by hand.
@@ -43,6 +50,8 @@ class ModelInfo:
     eos_token_ids: frozenset[int] = frozenset()
     source: str = ""
     weight_keys: frozenset[str] = attrs.field(default=frozenset(), repr=False)
+    reserved_bytes: int = 0
+    gauges: Callable[[], dict[str, float]] | None = attrs.field(default=None, repr=False, eq=False)
     tokenizer: Any = attrs.field(default=None, repr=False, eq=False)
 
     @property

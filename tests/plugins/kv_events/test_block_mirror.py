@@ -101,3 +101,27 @@ def test_a_tree_closed_for_good_clears_its_blocks() -> None:
     assert len(recorder.live) == 2
     mirror.cleared()
     assert recorder.live == {} and mirror.blocks == {}
+
+
+def test_the_hook_attaches_a_mirror_that_sees_the_engines_stores(tiny_qwen3: Any) -> None:
+    """``mlxcore_prefix_cache_watcher``: the kv-events plugin's mirror, attached to the
+    engine's radix cache through the real hook, holds a finished request's blocks."""
+    from mlxcore.engine.request import GenerationRequest
+    from mlxcore.testing.runtime import make_runtime, submit_together
+    from mlxcore.testing.server import free_port
+
+    address = f"tcp://127.0.0.1:{free_port()}"
+    rt = make_runtime(tiny_qwen3, "kv-events", plugin_options={"kv_events_endpoint": address})
+    try:
+        prompt = list(range(100, 140))
+        submit_together(rt, [GenerationRequest(prompt, 4)])
+        from mlxcore_kv_events import _publishers
+
+        mirrors = _publishers[address].mirrors
+        assert len(mirrors) == 1
+        mirror = mirrors[0]
+        held = sorted(mirror.held(), key=lambda b: b.end)
+        assert [t for b in held[:2] for t in b.tokens] == prompt[:32]
+    finally:
+        rt.engine.shutdown()
+    assert mirror not in _publishers[address].mirrors and not mirror.blocks  # cleared

@@ -42,7 +42,7 @@ from mlxcore.engine.handoff import step_batch
 from mlxcore.engine.jobs import JobQueue, ModelJob
 from mlxcore.engine.kv_quant import KVQuantization
 from mlxcore.engine.loop import BatchLoop
-from mlxcore.engine.memory import MemoryBudget, release_memory
+from mlxcore.engine.memory import MemoryBudget, fitted_context, release_memory
 from mlxcore.engine.parts import EngineParts
 from mlxcore.engine.prefix_pool import PrefixPool
 from mlxcore.engine.request import GenerationRequest
@@ -119,12 +119,17 @@ class Engine:
             memory_elsewhere,
             self.kv_quant,
         )
-        self.max_context: int | None = config.max_model_len or info.context_length
-        """The most tokens a sequence may hold: ``--max-model-len``, else the model's own."""
+        if info.reserved_bytes:
+            self.memory.add_weights(info.reserved_bytes)  # an expert cache, still empty
         self.counters: collections.Counter[str] = collections.Counter()
         """Totals across loops: ``prompt_tokens_processed``, ``prefill_shared_prefix_waits``."""
         self._loop = self.new_loop()
         self.memory.side_per_token = self.decoder.side_cache_bytes_per_token()
+        self.max_context: int | None = fitted_context(
+            config.max_model_len, info.context_length, self.memory.max_context()
+        )
+        """The most tokens a sequence may hold: ``--max-model-len``, else the model's own
+        context or, when less, what fits in memory (:func:`fitted_context`)."""
         running = config.max_num_seqs * self.memory.cost(
             self.max_context or self.memory.max_context() or 0
         )
@@ -357,8 +362,10 @@ class Engine:
                 figures = self._published.figures
             else:
                 figures = EngineSnapshot.of(self._loop, self.admission, self.step_sync).figures
+            extra = self.info.gauges() if self.info.gauges is not None else {}
             return {
                 **figures,
+                **extra,
                 # totals the engine thread only adds to: current even mid-step, so a
                 # request's finish is never newer than the count it changed
                 **{name: self.counters[name] for name in LIVE_COUNTERS},

@@ -259,6 +259,36 @@ class MemoryBudget:
         return room // (self.per_token + self.side_per_token)
 
 
+def fitted_context(asked: int | None, model: int | None, in_memory: int | None) -> int | None:
+    """The context a server keeps (and says at start-up): ``--max-model-len`` when given
+    (a warning when memory holds less: such requests are refused as too long for memory),
+    else the model's own context, cut to what one sequence's cache can hold in the memory
+    left beside the weights and MLX's buffer cache."""
+    if asked:
+        if in_memory is not None and asked > in_memory:
+            log.warning(
+                "context: --max-model-len %d, but one sequence of at most %d tokens fits in "
+                "memory; longer requests are refused",
+                asked,
+                in_memory,
+            )
+        else:
+            log.info("context: %d tokens (--max-model-len)", asked)
+        return asked
+    if in_memory is not None and (model is None or in_memory < model):
+        log.info(
+            "context: %d tokens, what fits in memory beside the weights (the model's own is "
+            "%s); set --max-model-len to choose",
+            in_memory,
+            model if model is not None else "not stated",
+        )
+        return in_memory
+    if model is not None:
+        room = f"; {in_memory} would fit in memory" if in_memory is not None else ""
+        log.info("context: %d tokens (the model's own%s)", model, room)
+    return model
+
+
 def parameter_bytes(model: Any) -> int:
     """Bytes of a model's parameters (its weights, whatever else MLX holds)."""
     from mlx.utils import tree_flatten

@@ -131,6 +131,11 @@ async def health(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
             "mlx_cache_bytes": int(stats["memory_cache_bytes"]),
         },
     }
+    if "expert_cache_capacity_bytes" in stats:  # a model streams its experts from disk
+        body["expert_cache"] = {
+            key: int(stats.get(f"expert_cache_{key}", 0))
+            for key in ("bytes", "capacity_bytes", "hits", "misses", "read_bytes")
+        }
     if not _keyed(config):  # /health is open: name nothing behind a key
         body["model"] = router.default.spec.name
         if not router.single:

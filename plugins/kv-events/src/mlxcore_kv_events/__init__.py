@@ -25,7 +25,7 @@ from mlxcore.settings import add_flags, read_settings, setting
 from mlxcore_kv_events.blocks import BlockMirror
 from mlxcore_kv_events.publisher import EventPublisher
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("mlxcore.plugins.kv_events")
 
 
 @attrs.frozen

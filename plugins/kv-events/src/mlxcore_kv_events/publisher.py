@@ -33,7 +33,7 @@ import zmq
 if TYPE_CHECKING:
     from mlxcore_kv_events.blocks import Block, BlockMirror
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("mlxcore.plugins.kv_events")
 
 MEDIUM = "GPU"
 """The medium of blocks in memory: the tier a router credits fully (vLLM's name for the

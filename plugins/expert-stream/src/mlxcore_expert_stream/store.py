@@ -1,0 +1,114 @@
+"""Routed experts read from a checkpoint's safetensors files, one expert at a time.
+
+mlx-lm keeps a mixture-of-experts layer's routed experts stacked: each projection of a
+``SwitchGLU`` is a ``[experts, out, in]`` tensor (with ``scales`` and ``biases`` of the same
+leading size when quantized), saved under the module's path by mlx-lm's ``save_model``.
+Safetensors stores a tensor row-major after a JSON header, so one expert's slice is one
+contiguous byte range: :class:`ExpertFiles` reads just that range (``os.pread``), never
+the whole tensor. A file that disappears or is cut short fails the read with an
+:class:`ExpertReadError` naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+import attrs
+import mlx.core as mx
+import numpy as np
+
+DTYPES: dict[str, tuple[np.dtype, mx.Dtype | None]] = {
+    "F32": (np.dtype("<f4"), None),
+    "F16": (np.dtype("<f2"), None),
+    "BF16": (np.dtype("<u2"), mx.bfloat16),
+    "U32": (np.dtype("<u4"), None),
+    "U8": (np.dtype("u1"), None),
+}
+"""Safetensors dtypes an expert slice may have: how numpy reads the bytes, and the MLX
+type to view them as where numpy has none (bfloat16)."""
+
+
+class ExpertReadError(RuntimeError):
+    """An expert's bytes could not be read (the file is gone, cut short or changed)."""
+
+
+@attrs.frozen
+class Tensor:
+    """Where one stacked tensor lies: its file, dtype, shape and first byte."""
+
+    path: Path
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+
+    @property
+    def expert_bytes(self) -> int:
+        """Bytes of one expert's slice."""
+        return int(np.prod(self.shape[1:])) * DTYPES[self.dtype][0].itemsize
+
+
+class ExpertFiles:
+    """The tensors of a checkpoint folder by name, readable one expert at a time."""
+
+    def __init__(self, folder: Path) -> None:
+        self.tensors: dict[str, Tensor] = {}
+        for path in sorted(folder.glob("*.safetensors")):
+            with path.open("rb") as f:
+                (size,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(size))
+            for name, entry in header.items():
+                if name == "__metadata__":
+                    continue
+                start = 8 + size + int(entry["data_offsets"][0])
+                self.tensors[name] = Tensor(path, entry["dtype"], tuple(entry["shape"]), start)
+        self._fds: dict[Path, int] = {}
+        self._lock = threading.Lock()
+        self.bytes_read = 0
+
+    def has(self, names: Iterable[str]) -> bool:
+        """Whether every tensor named is in the folder, stacked by expert."""
+        return all(n in self.tensors and len(self.tensors[n].shape) >= 2 for n in names)
+
+    def read(self, name: str, expert: int) -> mx.array:
+        """Expert ``expert``'s slice of tensor ``name``."""
+        tensor = self.tensors[name]
+        if tensor.dtype not in DTYPES:
+            raise ExpertReadError(f"{tensor.path.name}: {name} has dtype {tensor.dtype}")
+        np_type, view = DTYPES[tensor.dtype]
+        count = tensor.expert_bytes
+        try:
+            data = os.pread(self._fd(tensor.path), count, tensor.offset + expert * count)
+        except OSError as exc:
+            self._forget(tensor.path)
+            raise ExpertReadError(f"cannot read {tensor.path}: {exc}") from exc
+        if len(data) != count:
+            self._forget(tensor.path)
+            raise ExpertReadError(f"{tensor.path} is shorter than its header says")
+        self.bytes_read += count
+        array = mx.array(np.frombuffer(data, dtype=np_type).reshape(tensor.shape[1:]))
+        return array.view(view) if view is not None else array
+
+    def _fd(self, path: Path) -> int:
+        with self._lock:
+            fd = self._fds.get(path)
+            if fd is None:
+                fd = self._fds[path] = os.open(path, os.O_RDONLY)
+            return fd
+
+    def _forget(self, path: Path) -> None:
+        with self._lock:
+            fd = self._fds.pop(path, None)
+        if fd is not None:
+            os.close(fd)
+
+    def close(self) -> None:
+        """Close the files."""
+        with self._lock:
+            for fd in self._fds.values():
+                os.close(fd)
+            self._fds.clear()

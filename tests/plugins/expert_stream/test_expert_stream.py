@@ -1,0 +1,116 @@
+"""Expert streaming (issue 59, first part): a mixture-of-experts model served with its
+routed experts read from disk into a cache of at most 35% of their bytes gives the
+fully loaded model's greedy tokens, alone and batched, float32 and 4-bit; bad sizes and
+models are refused at start with the size that works; a checkpoint cut short while
+serving fails the requests that need it, not the server."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mlx_lm import load
+from mlx_lm.utils import quantize_model, save
+
+from mlxcore.engine.request import GenerationRequest
+from mlxcore.errors import UsageError
+from mlxcore.testing.runtime import make_runtime, reference_tokens, submit_together
+from mlxcore_expert_stream import cache_of
+from mlxcore_expert_stream.store import ExpertFiles
+
+EXPERTS, TOP_K = 16, 2
+PROMPTS = [[100 + 7 * i + j for j in range(5 + 3 * i)] for i in range(8)]
+
+
+def mlx_format(source: Path, target: Path, bits: int | None = None) -> Path:
+    """The checkpoint as mlx-lm saves it (experts stacked), quantized when ``bits``."""
+    if not target.exists():
+        model, tokenizer, config = load(str(source), return_config=True)
+        if bits is not None:
+            model, config = quantize_model(model, config, 32, bits)
+        save(target, source, model, tokenizer, config)
+        template = source / "chat_template.jinja"
+        if template.exists():
+            shutil.copy(template, target / template.name)
+    return target
+
+
+@pytest.fixture(scope="module", params=[None, 4], ids=["float32", "4-bit"])
+def moe(request: pytest.FixtureRequest, mlxcore_model_factory: Any, tmp_path_factory: Any) -> Path:
+    source = mlxcore_model_factory("qwen3_5_moe", num_experts=EXPERTS)
+    folder = tmp_path_factory.mktemp("moe") / f"moe-{request.param or 'f32'}"
+    return mlx_format(source, folder, request.param)
+
+
+def routed_bytes(folder: Path) -> int:
+    files = ExpertFiles(folder)
+    return sum(t.expert_bytes * t.shape[0] for n, t in files.tensors.items() if ".switch_mlp." in n)
+
+
+def _generate(rt: Any, prompts: list[list[int]], n: int = 12) -> list[list[int]]:
+    results = submit_together(rt, [GenerationRequest(p, n) for p in prompts])
+    return [r.tokens for r in results]
+
+
+def test_streamed_experts_give_the_fully_loaded_models_tokens(moe: Path) -> None:
+    budget = int(0.35 * routed_bytes(moe))
+    full = make_runtime(moe)
+    try:
+        alone_full = [_generate(full, [p])[0] for p in PROMPTS[:3]]
+        batched_full = _generate(full, PROMPTS)
+        expected = reference_tokens(full, PROMPTS[0], 12)
+    finally:
+        full.engine.shutdown()
+    streamed = make_runtime(moe, "expert-stream", plugin_options={"expert_memory": budget})
+    try:
+        cache = cache_of(streamed.model)
+        assert cache is not None and cache.capacity == budget
+        assert [_generate(streamed, [p])[0] for p in PROMPTS[:3]] == alone_full
+        assert _generate(streamed, PROMPTS) == batched_full
+        assert alone_full[0] == expected[: len(alone_full[0])]  # and mlx-lm's own
+        stats = cache.stats
+        assert stats.misses > 0 and stats.hits > 0  # random routers: a low hit rate
+        assert 0 < stats.nbytes <= budget  # the slot tables, allocated once
+        figures = streamed.engine.stats()  # what /metrics, /health and the page show
+        assert figures["expert_cache_misses"] == stats.misses
+        assert figures["expert_cache_capacity_bytes"] == budget
+        assert streamed.engine.memory.weights >= budget  # admission counts the whole cache
+    finally:
+        streamed.engine.shutdown()
+
+
+def test_a_cache_smaller_than_one_tokens_experts_is_refused_with_the_size_that_works(
+    moe: Path,
+) -> None:
+    per_layer_expert = routed_bytes(moe) // EXPERTS
+    smallest = TOP_K * per_layer_expert
+    with pytest.raises(UsageError, match=f"smallest that works is {smallest} bytes"):
+        make_runtime(moe, "expert-stream", plugin_options={"expert_memory": smallest - 1})
+
+
+def test_a_model_without_routed_experts_is_refused(tiny_qwen3: Path) -> None:
+    with pytest.raises(UsageError, match="no routed experts"):
+        make_runtime(tiny_qwen3, "expert-stream", plugin_options={"expert_memory": 10**9})
+
+
+def test_a_checkpoint_cut_short_while_serving_fails_requests_not_the_server(
+    moe: Path, tmp_path: Path
+) -> None:
+    copy = tmp_path / "moe"
+    shutil.copytree(moe, copy)
+    smallest = TOP_K * routed_bytes(copy) // EXPERTS
+    rt = make_runtime(copy, "expert-stream", plugin_options={"expert_memory": smallest})
+    try:
+        first = submit_together(rt, [GenerationRequest(PROMPTS[1], 4)])[0]
+        assert first.finish is not None and first.finish.reason == "length"
+        weights = copy / "model.safetensors"
+        with weights.open("r+b") as f:
+            f.truncate(weights.stat().st_size // 2)
+        broken = submit_together(rt, [GenerationRequest(PROMPTS[5], 8)])[0]
+        assert broken.finish is not None and broken.finish.reason == "error"
+        assert "shorter than its header" in (broken.finish.error or ""), broken.finish
+        assert rt.engine.health()[0] or rt.engine.state in ("running", "restarting")
+    finally:
+        rt.engine.shutdown()
