@@ -37,11 +37,22 @@ def mlx_format(source: Path, target: Path, bits: int | None = None) -> Path:
     return target
 
 
-@pytest.fixture(scope="module", params=[None, 4], ids=["float32", "4-bit"])
+@pytest.fixture(
+    scope="module",
+    params=[("qwen3_5_moe", None), ("qwen3_5_moe", 4), ("qwen3_moe", None)],
+    ids=["qwen3_5_moe-float32", "qwen3_5_moe-4-bit", "qwen3_moe-float32"],
+)
 def moe(request: pytest.FixtureRequest, mlxcore_model_factory: Any, tmp_path_factory: Any) -> Path:
-    source = mlxcore_model_factory("qwen3_5_moe", num_experts=EXPERTS)
-    folder = tmp_path_factory.mktemp("moe") / f"moe-{request.param or 'f32'}"
-    return mlx_format(source, folder, request.param)
+    arch, bits = request.param
+    source = mlxcore_model_factory(arch, num_experts=EXPERTS)
+    folder = tmp_path_factory.mktemp("moe") / f"{arch}-{bits or 'f32'}"
+    return mlx_format(source, folder, bits)
+
+
+@pytest.fixture(scope="module")
+def qwen3_moe(mlxcore_model_factory: Any) -> Path:
+    """One model for the refusals and faults (its tiny checkpoint is mlx-lm's format)."""
+    return Path(mlxcore_model_factory("qwen3_moe", num_experts=EXPERTS))
 
 
 def routed_bytes(folder: Path) -> int:
@@ -82,8 +93,9 @@ def test_streamed_experts_give_the_fully_loaded_models_tokens(moe: Path) -> None
 
 
 def test_a_cache_smaller_than_one_tokens_experts_is_refused_with_the_size_that_works(
-    moe: Path,
+    qwen3_moe: Path,
 ) -> None:
+    moe = qwen3_moe
     per_layer_expert = routed_bytes(moe) // EXPERTS
     smallest = TOP_K * per_layer_expert
     with pytest.raises(UsageError, match=f"smallest that works is {smallest} bytes"):
@@ -96,10 +108,10 @@ def test_a_model_without_routed_experts_is_refused(tiny_qwen3: Path) -> None:
 
 
 def test_a_checkpoint_cut_short_while_serving_fails_requests_not_the_server(
-    moe: Path, tmp_path: Path
+    qwen3_moe: Path, tmp_path: Path
 ) -> None:
     copy = tmp_path / "moe"
-    shutil.copytree(moe, copy)
+    shutil.copytree(qwen3_moe, copy)
     smallest = TOP_K * routed_bytes(copy) // EXPERTS
     rt = make_runtime(copy, "expert-stream", plugin_options={"expert_memory": smallest})
     try:

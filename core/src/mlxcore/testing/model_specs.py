@@ -236,6 +236,35 @@ def _qwen3_config(fields: dict[str, Any], ids: TokenIds) -> dict[str, Any]:
     return config
 
 
+_QWEN3_MOE_SIZES: Mapping[str, Mapping[str, Any]] = MappingProxyType(
+    {
+        # every layer sparse, 16 routed experts, top-2 (Qwen3-30B-A3B's shape, shrunk)
+        "tiny": MappingProxyType(
+            {
+                "hidden_size": 64,
+                "intermediate_size": 192,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "head_dim": 16,
+                "num_experts": 16,
+                "num_experts_per_tok": 2,
+                "moe_intermediate_size": 48,
+                "decoder_sparse_step": 1,
+                "mlp_only_layers": [],
+                "norm_topk_prob": True,
+            }
+        ),
+    }
+)
+
+
+def _qwen3_moe_config(fields: dict[str, Any], ids: TokenIds) -> dict[str, Any]:
+    config = _qwen3_config(fields, ids)
+    config.update({"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe"})
+    return config
+
+
 # --------------------------------------------------------------------------- gemma4_text
 
 _GEMMA4_SIZES: Mapping[str, Mapping[str, Any]] = MappingProxyType(
@@ -389,6 +418,16 @@ register_model_spec(
         sizes=_DENSE_SIZES,
         make_config=_qwen3_config,
         description="Qwen3 dense, Qwen3 tokenizer and template (<think>, Hermes tools)",
+    )
+)
+register_model_spec(
+    ModelSpec(
+        arch="qwen3_moe",
+        tokenizer=QWEN3_TOKENIZER,
+        chat_template="Qwen-Qwen3-0.6B.jinja",
+        sizes=_QWEN3_MOE_SIZES,
+        make_config=_qwen3_moe_config,
+        description="Qwen3 MoE (Qwen3-30B-A3B's layers), experts stacked as mlx-lm saves them",
     )
 )
 register_model_spec(
