@@ -6,7 +6,8 @@
 
 The pytest plugin (:mod:`mlxcore.testing.pytest_plugin`, registered through the
 ``pytest11`` entry point) offers the fixtures ``mlxcore_model_factory``, ``tiny_llama``,
-``tiny_qwen3``, ``tiny_qwen3_5``, ``tiny_qwen3_5_moe`` and ``tiny_gemma4`` (``qwen3_moe`` and ``minimax`` through the factory).
+``tiny_qwen3``, ``tiny_qwen3_5``, ``tiny_qwen3_5_moe`` and ``tiny_gemma4`` (``qwen3_moe``
+and ``minimax`` through the factory).
 
 Attributes are imported lazily so that importing this package (which pytest does in
 every run) does not import mlx.
