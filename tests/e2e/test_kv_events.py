@@ -11,13 +11,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import msgpack
 import numpy as np
 import pytest
 import zmq
 
-from mlxcore.testing.replicas import Replica, Router, run_sessions, shared_system_prompt
+from mlxcore.testing.replicas import (
+    Replica,
+    Router,
+    run_sessions,
+    running,
+    shared_system_prompt,
+)
 from mlxcore_kv_events.blocks import block_hash
+from mlxcore_kv_events.publisher import decode
 
 pytestmark = pytest.mark.e2e
 
@@ -25,14 +31,9 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def replicas(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Replica]]:
     logs = tmp_path_factory.mktemp("replicas")
-    started = [Replica(f"r{i}", tiny_qwen3, logs) for i in (1, 2)]
-    try:
-        for replica in started:
-            replica.start()
-        yield started
-    finally:
-        for replica in started:
-            replica.stop()
+    pair = [Replica(f"r{i}", tiny_qwen3, logs) for i in (1, 2)]
+    with running(pair):
+        yield pair
 
 
 def test_a_conversation_follows_its_cache_through_the_router(
@@ -80,10 +81,10 @@ def test_a_new_subscriber_gets_a_clear_then_every_block_held(replicas: list[Repl
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and not _holds(events, prompt):
             if socket.poll(200):
-                topic, seq, payload = socket.recv_multipart()
-                assert topic == b"" and len(seq) == 8
-                stamp, batch, rank = msgpack.unpackb(payload)
-                assert isinstance(stamp, float) and rank is None
+                frames = socket.recv_multipart()
+                assert frames[0] == b"" and len(frames[1]) == 8
+                _, _, batch, rank = decode(frames)
+                assert rank is None
                 events.extend(batch)
     finally:
         socket.close(linger=0)

@@ -24,6 +24,7 @@ from mlxcore.testing.replicas import (
     Router,
     Turn,
     run_sessions,
+    running,
     shared_system_prompt,
     summary,
 )
@@ -41,14 +42,9 @@ AFFINITY = ("--kv-aware-session-affinity-ttl-secs", "600")
 @pytest.fixture(scope="module")
 def replicas(tiny_qwen3: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Replica]]:
     logs = tmp_path_factory.mktemp("replicas")
-    started = [Replica(f"r{i}", tiny_qwen3, logs) for i in (1, 2)]
-    try:
-        for replica in started:
-            replica.start()
-        yield started
-    finally:
-        for replica in started:
-            replica.stop()
+    pair = [Replica(f"r{i}", tiny_qwen3, logs) for i in (1, 2)]
+    with running(pair):
+        yield pair
 
 
 def _play(

@@ -8,7 +8,6 @@ import sys
 import time
 from typing import Any
 
-import msgpack
 import numpy as np
 import pytest
 import zmq
@@ -17,7 +16,7 @@ import mlxcore_kv_events.publisher as publisher_module
 from mlxcore.engine.prefix_tree import PrefixTree
 from mlxcore.testing.server import free_port
 from mlxcore_kv_events.blocks import BlockMirror
-from mlxcore_kv_events.publisher import EventPublisher
+from mlxcore_kv_events.publisher import EventPublisher, decode
 
 
 def _receive(socket: zmq.Socket[bytes], want: int, timeout: float = 5.0) -> list[dict[str, Any]]:
@@ -25,10 +24,10 @@ def _receive(socket: zmq.Socket[bytes], want: int, timeout: float = 5.0) -> list
     deadline = time.monotonic() + timeout
     while len(events) < want and time.monotonic() < deadline:
         if socket.poll(100):
-            topic, seq, payload = socket.recv_multipart()
-            assert topic == b"kv" and len(seq) == 8
-            stamp, batch, rank = msgpack.unpackb(payload)
-            assert isinstance(stamp, float) and rank is None
+            frames = socket.recv_multipart()
+            assert frames[0] == b"kv" and len(frames[1]) == 8
+            _, _, batch, rank = decode(frames)
+            assert rank is None
             events.extend(batch)
     return events
 

@@ -22,7 +22,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -182,6 +182,18 @@ class Router:
     def stop(self) -> None:
         """SIGINT, then SIGKILL after 15 s."""
         _stop(self.proc)
+
+
+@contextlib.contextmanager
+def running(replicas: Sequence[Replica]) -> Iterator[Sequence[Replica]]:
+    """Start ``replicas`` (one after the other) and stop every one at the end."""
+    try:
+        for replica in replicas:
+            replica.start()
+        yield replicas
+    finally:
+        for replica in replicas:
+            replica.stop()
 
 
 # -- agent sessions --------------------------------------------------------------------

@@ -178,6 +178,14 @@ class EventPublisher:
             log.debug("kv-events: a subscriber is too slow; a message was dropped")
 
 
+def decode(frames: list[bytes]) -> tuple[int, float, list[dict[str, Any]], int | None]:
+    """One message as a subscriber reads it: ``(seq, timestamp, events, rank)``
+    (for tests and for watching a replica's events by hand)."""
+    _topic, seq, payload = frames
+    stamp, events, rank = msgpack.unpackb(payload)
+    return int.from_bytes(seq, "big"), float(stamp), list(events), rank
+
+
 def _stored(blocks: list[Block], block_size: int) -> dict[str, Any]:
     return {
         "type": "BlockStored",

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
-import mlx.core as mx
+import httpx
 import pytest
 
 from mlxcore.engine.memory import fitted_context
-from mlxcore.engine.request import GenerationRequest
-from mlxcore.engine.validation import RequestRejected, check_request
-from mlxcore.testing.runtime import make_runtime
 
 
 def test_the_model_context_is_cut_to_what_fits(caplog: pytest.LogCaptureFixture) -> None:
@@ -33,19 +31,19 @@ def test_an_explicit_length_is_kept_with_a_warning_when_memory_holds_less(
 
 
 def test_a_small_memory_budget_derives_the_context_and_refuses_beyond_it(
-    tiny_qwen3: Path,
+    tiny_qwen3: Path, mlxcore_server: Any
 ) -> None:
-    before = mx.get_memory_limit()
-    rt = make_runtime(tiny_qwen3, gpu_memory_utilization=0.003)
-    try:
-        engine = rt.engine
-        fits = engine.memory.max_context()
-        assert fits is not None and fits < 40960  # the model's own context
-        assert engine.max_context == fits == engine.limits.context
-        request = GenerationRequest(list(range(1, fits)), 8)
-        with pytest.raises(RequestRejected) as refused:
-            check_request(request, engine.limits)
-        assert refused.value.code == "context_length_exceeded"
-    finally:
-        rt.engine.shutdown()
-        mx.set_memory_limit(before)
+    """A fresh server (its own process: the budget counts all of MLX's memory) whose
+    memory limit holds less than the model's 40,960 tokens of context."""
+    server = mlxcore_server(tiny_qwen3, "--gpu-memory-utilization", "0.003", "--log-level", "info")
+    context = httpx.get(f"{server.v1}/models", timeout=10).json()["data"][0]["context_length"]
+    assert 1000 < context < 40960
+    assert f"context: {context} tokens, what fits in memory" in server.log()
+    name = httpx.get(f"{server.v1}/models", timeout=10).json()["data"][0]["id"]
+    refused = httpx.post(
+        f"{server.v1}/completions",
+        json={"model": name, "prompt": [100] * (context + 10), "max_tokens": 1},
+        timeout=60,
+    )
+    assert refused.status_code == 400
+    assert refused.json()["error"]["code"] == "context_length_exceeded"
