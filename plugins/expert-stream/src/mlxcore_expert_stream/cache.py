@@ -79,12 +79,6 @@ class ExpertCache:
             "expert_cache_read_bytes": float(stats.bytes_read),
         }
 
-    def clear(self) -> None:
-        """Forget every held expert (the tables stay allocated)."""
-        with self._lock:
-            for layer in self._layers.values():
-                layer.held.clear()
-
 
 class LayerSlots:
     """One layer's tables and which expert each slot holds."""

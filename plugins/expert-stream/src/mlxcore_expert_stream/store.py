@@ -68,7 +68,6 @@ class ExpertFiles:
                 self.tensors[name] = Tensor(path, entry["dtype"], tuple(entry["shape"]), start)
         self._fds: dict[Path, int] = {}
         self._lock = threading.Lock()
-        self.bytes_read = 0
 
     def has(self, names: Iterable[str]) -> bool:
         """Whether every tensor named is in the folder, stacked by expert."""
@@ -89,7 +88,6 @@ class ExpertFiles:
         if len(data) != count:
             self._forget(tensor.path)
             raise ExpertReadError(f"{tensor.path} is shorter than its header says")
-        self.bytes_read += count
         array = mx.array(np.frombuffer(data, dtype=np_type).reshape(tensor.shape[1:]))
         return array.view(view) if view is not None else array
 

@@ -72,7 +72,6 @@ class EventPublisher:
         self._socket.setsockopt(zmq.XPUB_VERBOSE, 1)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.bind(endpoint)  # errors reach the caller: a clear start-up failure
-        self.sent_messages = 0
         self._thread = threading.Thread(target=self._run, name="kv-events", daemon=True)
         self._thread.start()
         atexit.register(self.close)  # what a shutdown queued (the caches cleared) goes out
@@ -173,7 +172,6 @@ class EventPublisher:
             self._socket.send_multipart(
                 [self.topic, self._seq.to_bytes(8, "big"), payload], flags=zmq.NOBLOCK
             )
-            self.sent_messages += 1
         except zmq.Again:
             log.debug("kv-events: a subscriber is too slow; a message was dropped")
 
