@@ -6,7 +6,10 @@ Builds a qwen3_5_moe test model with 32 routed experts per layer (hidden 256, ex
 width 512: about 200 MB of routed experts in float32), writes it as mlx-lm saves it, then
 runs each side in its own process through mlxcore's real loader and engine: the full
 model, and ``--plugin expert-stream --expert-memory`` at 35% of the routed bytes. Each
-side generates the same greedy requests twice (cold cache, then warm).
+side generates the same greedy requests twice: cold (the checkpoint evicted from the OS
+page cache first, so streamed experts come from the disk) and warm. Also measured: the
+disk's read rate for expert slices in random order, one at a time vs the plugin's
+parallel reads.
 
 Usage: .venv/bin/python scripts/expert_stream_bench.py [--bits 4] [--share 0.35]
        [--tokens 48] [--out results.json]
@@ -16,8 +19,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
-import shutil
 import subprocess
 import sys
 import time
@@ -28,29 +31,50 @@ PROMPTS = [[200 + 13 * i + j for j in range(24 + 5 * i)] for i in range(4)]
 
 
 def _model(bits: int | None) -> Path:
-    from mlx_lm import load
-    from mlx_lm.utils import quantize_model, save
-
     from mlxcore.testing.models import build_test_model
+    from mlxcore_expert_stream.testing import mlx_lm_checkpoint
 
     source = build_test_model(
         "qwen3_5_moe", num_experts=32, moe_intermediate_size=512, hidden_size=256
     )
     target = Path.home() / ".cache/mlxcore/bench-models" / f"moe32-{bits or 'f32'}-mlx"
-    if not target.exists():
-        model, tokenizer, config = load(str(source), return_config=True)
-        if bits:
-            model, config = quantize_model(model, config, 64, bits)
-        save(target, source, model, tokenizer, config)
-        shutil.copy(source / "chat_template.jinja", target / "chat_template.jinja")
-    return target
+    return mlx_lm_checkpoint(source, target, bits, group_size=64)
 
 
-def _routed_bytes(folder: Path) -> int:
+def _drop_page_cache(folder: Path) -> None:
+    """Evict the checkpoint from the OS page cache, so the next reads go to the disk."""
+    for path in folder.glob("*.safetensors"):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def read_throughput(folder: Path, threads: int) -> float:
+    """MB/s reading every routed expert slice once, in random order, from the disk (the
+    page cache dropped first), ``threads`` reads at a time."""
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+
     from mlxcore_expert_stream.store import ExpertFiles
 
     files = ExpertFiles(folder)
-    return sum(t.expert_bytes * t.shape[0] for n, t in files.tensors.items() if ".switch_mlp." in n)
+    jobs = [
+        (name, e)
+        for name, t in files.tensors.items()
+        if ".switch_mlp." in name
+        for e in range(t.shape[0])
+    ]
+    random.Random(0).shuffle(jobs)
+    buffers = {job: files.buffer(job[0]) for job in jobs}
+    _drop_page_cache(folder)
+    start = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(lambda job: files.read_into(job[0], job[1], buffers[job]), jobs))
+    seconds = time.perf_counter() - start
+    files.close()
+    return sum(b.nbytes for b in buffers.values()) / 2**20 / seconds
 
 
 def _rss_mb() -> float:
@@ -74,6 +98,7 @@ def child(folder: Path, budget: int | None, tokens: int) -> dict[str, Any]:
     out: dict[str, Any] = {"rss_after_load_mb": _rss_mb(), "passes": []}
     try:
         cache = cache_of(rt.model)
+        _drop_page_cache(folder)  # the cold pass reads its experts from the disk
         for _ in range(2):
             start = time.perf_counter()
             before = (
@@ -110,8 +135,10 @@ def main() -> int:
     if args.child:
         print(json.dumps(child(Path(args.child), args.budget, args.tokens)))
         return 0
+    from mlxcore_expert_stream.testing import routed_bytes
+
     folder = _model(args.bits)
-    routed = _routed_bytes(folder)
+    routed = routed_bytes(folder)
     budget = int(args.share * routed)
     sides: dict[str, Any] = {}
     for name, side_budget in (("full", None), ("streamed", budget)):
@@ -120,6 +147,9 @@ def main() -> int:
             cmd += ["--budget", str(side_budget)]
         done = subprocess.run(cmd, capture_output=True, text=True, check=True)
         sides[name] = json.loads(done.stdout.strip().splitlines()[-1])
+    from mlxcore_expert_stream import READ_THREADS
+
+    disk = {f"{threads}_at_once": read_throughput(folder, threads) for threads in (1, READ_THREADS)}
     full, streamed = sides["full"], sides["streamed"]
     same = all(
         a["tokens"] == b["tokens"] for a, b in zip(full["passes"], streamed["passes"], strict=True)
@@ -134,6 +164,7 @@ def main() -> int:
         "tok_s": {k: [p["tok_s"] for p in v["passes"]] for k, v in sides.items()},
         "hit_rate": [p.get("hit_rate") for p in streamed["passes"]],
         "disk_mb_per_token": [p.get("disk_mb_per_token") for p in streamed["passes"]],
+        "expert_read_mb_s_cold": disk,
     }
     print(json.dumps(result, indent=2))
     if args.out:

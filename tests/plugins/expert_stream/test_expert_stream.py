@@ -11,53 +11,50 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mlx_lm import load
-from mlx_lm.utils import quantize_model, save
 
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.errors import UsageError
 from mlxcore.testing.runtime import make_runtime, reference_tokens, submit_together
 from mlxcore_expert_stream import cache_of
-from mlxcore_expert_stream.store import ExpertFiles
+from mlxcore_expert_stream.testing import mlx_lm_checkpoint, routed_bytes
 
 EXPERTS, TOP_K = 16, 2
 PROMPTS = [[100 + 7 * i + j for j in range(5 + 3 * i)] for i in range(8)]
 
 
-def mlx_format(source: Path, target: Path, bits: int | None = None) -> Path:
-    """The checkpoint as mlx-lm saves it (experts stacked), quantized when ``bits``."""
-    if not target.exists():
-        model, tokenizer, config = load(str(source), return_config=True)
-        if bits is not None:
-            model, config = quantize_model(model, config, 32, bits)
-        save(target, source, model, tokenizer, config)
-        template = source / "chat_template.jinja"
-        if template.exists():
-            shutil.copy(template, target / template.name)
-    return target
+EXPERT_COUNT_FIELD = {"minimax": "num_local_experts", "gpt_oss": "num_local_experts"}
+"""The config field that sets a test model's routed experts, where not ``num_experts``."""
 
 
 @pytest.fixture(
     scope="module",
-    params=[("qwen3_5_moe", None), ("qwen3_5_moe", 4), ("qwen3_moe", None)],
-    ids=["qwen3_5_moe-float32", "qwen3_5_moe-4-bit", "qwen3_moe-float32"],
+    params=[
+        ("qwen3_5_moe", None),
+        ("qwen3_5_moe", 4),
+        ("qwen3_moe", None),
+        ("minimax", None),
+        ("gpt_oss", 4),
+    ],
+    ids=[
+        "qwen3_5_moe-float32",
+        "qwen3_5_moe-4-bit",
+        "qwen3_moe-float32",
+        "minimax-float32",
+        "gpt_oss-4-bit-expert-biases",
+    ],
 )
 def moe(request: pytest.FixtureRequest, mlxcore_model_factory: Any, tmp_path_factory: Any) -> Path:
     arch, bits = request.param
-    source = mlxcore_model_factory(arch, num_experts=EXPERTS)
+    field = EXPERT_COUNT_FIELD.get(arch, "num_experts")
+    source = Path(mlxcore_model_factory(arch, **{field: EXPERTS}))
     folder = tmp_path_factory.mktemp("moe") / f"{arch}-{bits or 'f32'}"
-    return mlx_format(source, folder, bits)
+    return mlx_lm_checkpoint(source, folder, bits)
 
 
 @pytest.fixture(scope="module")
 def qwen3_moe(mlxcore_model_factory: Any) -> Path:
     """One model for the refusals and faults (its tiny checkpoint is mlx-lm's format)."""
     return Path(mlxcore_model_factory("qwen3_moe", num_experts=EXPERTS))
-
-
-def routed_bytes(folder: Path) -> int:
-    files = ExpertFiles(folder)
-    return sum(t.expert_bytes * t.shape[0] for n, t in files.tensors.items() if ".switch_mlp." in n)
 
 
 def _generate(rt: Any, prompts: list[list[int]], n: int = 12) -> list[list[int]]:

@@ -398,6 +398,58 @@ def _minimax_config(fields: dict[str, Any], ids: TokenIds) -> dict[str, Any]:
     return config
 
 
+# --------------------------------------------------------------------------- gpt_oss
+
+_GPT_OSS_SIZES: Mapping[str, Mapping[str, Any]] = MappingProxyType(
+    {
+        # a sliding-window and a full-attention layer, 16 routed experts with biases, top-4
+        "tiny": MappingProxyType(
+            {
+                "hidden_size": 64,
+                "intermediate_size": 48,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "head_dim": 16,
+                "num_local_experts": 16,
+                "num_experts_per_tok": 4,
+                "sliding_window": 16,
+            }
+        ),
+    }
+)
+
+
+def _gpt_oss_config(fields: dict[str, Any], ids: TokenIds) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "architectures": ["GptOssForCausalLM"],
+        "model_type": "gpt_oss",
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 150000,
+        "rope_scaling": None,
+        "max_position_embeddings": 131072,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+    }
+    config.update(ids.config_fields())
+    config.update(fields)
+    return config
+
+
+def _export_gpt_oss(model: Any, config: dict[str, Any]) -> dict[str, Any]:
+    """mlx-lm's own names (experts stacked, as mlx-lm saves gpt-oss), with the biases
+    and attention sinks (initialised to zero) given seeded values so they count."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    tensors = dict(tree_flatten(model.parameters()))
+    for name, value in tensors.items():
+        if name.endswith((".bias", ".sinks")):
+            tensors[name] = 0.5 * mx.random.normal(value.shape)
+    return tensors
+
+
 # --------------------------------------------------------------------------- registry
 
 register_model_spec(
@@ -470,5 +522,17 @@ register_model_spec(
         sizes=_MINIMAX_SIZES,
         make_config=_minimax_config,
         description="MiniMax-M2 MoE, Qwen3 vocab + MiniMax markers, MiniMax-M2 template",
+    )
+)
+register_model_spec(
+    ModelSpec(
+        arch="gpt_oss",
+        tokenizer=QWEN3_TOKENIZER,
+        chat_template="Qwen-Qwen2.5-7B-Instruct.jinja",
+        sizes=_GPT_OSS_SIZES,
+        make_config=_gpt_oss_config,
+        export_weights=_export_gpt_oss,
+        description="gpt-oss MoE (experts with biases, sliding window, sinks), Qwen3 "
+        "tokenizer and ChatML template (gpt-oss's own harmony template is not in the assets)",
     )
 )

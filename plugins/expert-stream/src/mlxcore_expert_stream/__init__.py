@@ -14,6 +14,8 @@ See docs/plugins/expert-stream.md.
 from __future__ import annotations
 
 import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import attrs
@@ -27,7 +29,7 @@ from mlxcore.models.loader import LoadedModel, load_model
 from mlxcore.models.resolve import ResolvedModel
 from mlxcore.settings import add_flags, byte_size, read_settings, setting
 from mlxcore_expert_stream.cache import Expert, ExpertCache
-from mlxcore_expert_stream.layer import PROJECTIONS, StreamedSwitchGLU
+from mlxcore_expert_stream.layer import PROJECTIONS, StreamedSwitchGLU, array_keys
 from mlxcore_expert_stream.store import ExpertFiles
 
 log = logging.getLogger("mlxcore.plugins.expert_stream")
@@ -112,11 +114,19 @@ def stream_experts(model: Any, folder: Any, capacity: int, top_k: int) -> Expert
             f"{smallest} bytes ({smallest / 2**20:.1f} MiB)"
         )
 
-    def load(layer: str, expert: int) -> Expert:
-        return {
-            proj: tuple(files.read(n, expert) for n in tensor_names)
-            for proj, tensor_names in names[layer].items()
-        }
+    def load(layer: str, experts: list[int]) -> list[Expert]:
+        """Read ``experts`` of ``layer``: every slice at once on the read threads (a
+        queue deep enough for an SSD) into buffers made here, then the arrays."""
+        jobs = [(e, n) for e in experts for ns in names[layer].values() for n in ns]
+        buffers = {job: files.buffer(job[1]) for job in jobs}
+        list(_readers().map(lambda job: files.read_into(job[1], job[0], buffers[job]), jobs))
+        return [
+            {
+                proj: tuple(files.as_array(n, buffers.pop((e, n))) for n in tensor_names)
+                for proj, tensor_names in names[layer].items()
+            }
+            for e in experts
+        ]
 
     cache = ExpertCache(capacity, load, per_expert, top_k)
     for path, module in found:
@@ -134,6 +144,21 @@ def stream_experts(model: Any, folder: Any, capacity: int, top_k: int) -> Expert
     return cache
 
 
+READ_THREADS = 8
+"""Expert slices read from disk at once (one process-wide pool: the disk is shared)."""
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _readers() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(READ_THREADS, thread_name_prefix="expert-read")
+        return _pool
+
+
 def cache_of(model: Any) -> ExpertCache | None:
     """The expert cache a streamed model reads through (None: not streamed)."""
     for _, module in model.named_modules():
@@ -145,11 +170,7 @@ def cache_of(model: Any) -> ExpertCache | None:
 def _tensor_names(path: str, module: Any) -> dict[str, tuple[str, ...]]:
     out: dict[str, tuple[str, ...]] = {}
     for proj in PROJECTIONS:
-        linear = getattr(module, proj)
-        if "bias" in linear:
-            raise UsageError("--expert-memory: experts with biases are not streamed yet")
-        keys = ("weight", "scales", "biases") if hasattr(linear, "scales") else ("weight",)
-        out[proj] = tuple(f"{path}.{proj}.{k}" for k in keys if k in linear)
+        out[proj] = tuple(f"{path}.{proj}.{k}" for k in array_keys(getattr(module, proj)))
     return out
 
 

@@ -40,7 +40,7 @@ class ExpertCache:
 
     Args:
         capacity: ``--expert-memory`` in bytes, shared evenly by the layers.
-        load: ``load(layer, expert)`` reads one expert from disk.
+        load: ``load(layer, experts)`` reads those experts of one layer from disk.
         expert_bytes: one expert's bytes in each layer.
         top_k: experts per token (every layer gets at least this many slots).
     """
@@ -48,7 +48,7 @@ class ExpertCache:
     def __init__(
         self,
         capacity: int,
-        load: Callable[[str, int], Expert],
+        load: Callable[[str, list[int]], list[Expert]],
         expert_bytes: dict[str, int],
         top_k: int,
     ) -> None:
@@ -101,11 +101,11 @@ class LayerSlots:
         if missing:
             free = iter(sorted(set(range(self.size)) - set(self.held.values())))
             victims = iter([e for e in self.held if e not in wanted])
-            for expert in missing:
+            for expert, arrays in zip(missing, self.cache.load(self.name, missing), strict=True):
                 slot = next(free, None)
                 if slot is None:
                     slot = self.held.pop(next(victims))
-                self._write(slot, self.cache.load(self.name, expert))
+                self._write(slot, arrays)
                 self.held[expert] = slot
                 stats.misses += 1
             mx.eval([t for tables in self.tables.values() for t in tables])

@@ -20,6 +20,14 @@ from mlxcore_expert_stream.cache import ExpertCache
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
+
+def array_keys(linear: Any) -> tuple[str, ...]:
+    """The arrays of one ``SwitchLinear`` / ``QuantizedSwitchLinear`` that stream, in the
+    order the slot tables hold them: ``weight``, then ``scales`` and ``biases`` when
+    quantized, then ``bias`` when the experts have one (gpt-oss)."""
+    return tuple(k for k in ("weight", "scales", "biases", "bias") if k in linear)
+
+
 SORT_FROM = 64
 """Sort the tokens by expert from this many (token, expert) pairs, as mlx-lm does."""
 
@@ -42,8 +50,11 @@ class StreamedSwitchGLU(nn.Module):
         self._qargs: dict[str, dict[str, Any] | None] = {}
         """Per projection: group size, bits and mode when quantized (a model may leave
         one projection unquantized), else None."""
+        self._keys: dict[str, tuple[str, ...]] = {}
+        """Per projection: which array each of its tables is (:func:`array_keys`)."""
         for name in PROJECTIONS:
             linear = getattr(original, name)
+            self._keys[name] = array_keys(linear)
             quantized = "scales" in linear
             self._qargs[name] = (
                 {"group_size": linear.group_size, "bits": linear.bits, "mode": linear.mode}
@@ -100,11 +111,17 @@ class StreamedSwitchGLU(nn.Module):
     def _project(
         self, name: str, x: mx.array, arrays: list[mx.array], idx: mx.array, sort: bool
     ) -> mx.array:
+        named = dict(zip(self._keys[name], arrays, strict=True))
         qargs = self._qargs[name]
         if qargs is not None:
-            weight, scales, *rest = arrays
-            return mx.gather_qmm(
-                x, weight, scales, rest[0] if rest else None, rhs_indices=idx,
+            out = mx.gather_qmm(
+                x, named["weight"], named["scales"], named.get("biases"), rhs_indices=idx,
                 transpose=True, sorted_indices=sort, **qargs,
             )  # fmt: skip
-        return mx.gather_mm(x, arrays[0].swapaxes(-1, -2), rhs_indices=idx, sorted_indices=sort)
+        else:
+            out = mx.gather_mm(
+                x, named["weight"].swapaxes(-1, -2), rhs_indices=idx, sorted_indices=sort
+            )
+        if "bias" in named:
+            out = out + mx.expand_dims(named["bias"][idx], -2)
+        return out

@@ -67,46 +67,79 @@ class ExpertFiles:
                 start = 8 + size + int(entry["data_offsets"][0])
                 self.tensors[name] = Tensor(path, entry["dtype"], tuple(entry["shape"]), start)
         self._fds: dict[Path, int] = {}
+        self._stale: list[int] = []
+        """Descriptors replaced after a failed read, closed when no read is in flight."""
+        self._reading = 0
         self._lock = threading.Lock()
 
     def has(self, names: Iterable[str]) -> bool:
         """Whether every tensor named is in the folder, stacked by expert."""
         return all(n in self.tensors and len(self.tensors[n].shape) >= 2 for n in names)
 
-    def read(self, name: str, expert: int) -> mx.array:
-        """Expert ``expert``'s slice of tensor ``name``."""
+    def buffer(self, name: str) -> np.ndarray:
+        """An empty buffer for one expert's slice of tensor ``name``."""
+        return np.empty(self.tensors[name].expert_bytes, dtype=np.uint8)
+
+    def read_into(self, name: str, expert: int, out: np.ndarray) -> None:
+        """Read expert ``expert``'s slice of tensor ``name`` into ``out`` (from
+        :meth:`buffer`): disk only, no MLX and no allocation, so several threads may
+        read at once into buffers the caller made."""
         tensor = self.tensors[name]
         if tensor.dtype not in DTYPES:
             raise ExpertReadError(f"{tensor.path.name}: {name} has dtype {tensor.dtype}")
-        np_type, view = DTYPES[tensor.dtype]
         count = tensor.expert_bytes
+        fd = self._acquire(tensor.path)
         try:
-            data = os.pread(self._fd(tensor.path), count, tensor.offset + expert * count)
+            got = os.preadv(fd, [out], tensor.offset + expert * count)
         except OSError as exc:
-            self._forget(tensor.path)
+            self._forget(tensor.path, fd)
             raise ExpertReadError(f"cannot read {tensor.path}: {exc}") from exc
-        if len(data) != count:
-            self._forget(tensor.path)
+        finally:
+            self._release()
+        if got != count:
+            self._forget(tensor.path, fd)
             raise ExpertReadError(f"{tensor.path} is shorter than its header says")
-        array = mx.array(np.frombuffer(data, dtype=np_type).reshape(tensor.shape[1:]))
+
+    def as_array(self, name: str, data: np.ndarray) -> mx.array:
+        """One expert's slice of tensor ``name`` from the buffer :meth:`read_into` filled."""
+        tensor = self.tensors[name]
+        np_type, view = DTYPES[tensor.dtype]
+        array = mx.array(data.view(np_type).reshape(tensor.shape[1:]))
         return array.view(view) if view is not None else array
 
-    def _fd(self, path: Path) -> int:
+    def _acquire(self, path: Path) -> int:
+        """The open file for ``path`` (opened on first use), counted as in use."""
         with self._lock:
             fd = self._fds.get(path)
             if fd is None:
-                fd = self._fds[path] = os.open(path, os.O_RDONLY)
+                try:
+                    fd = self._fds[path] = os.open(path, os.O_RDONLY)
+                except OSError as exc:
+                    raise ExpertReadError(f"cannot open {path}: {exc}") from exc
+            self._reading += 1
             return fd
 
-    def _forget(self, path: Path) -> None:
+    def _release(self) -> None:
+        """One read done; files set aside after a failure close once none is in use
+        (another thread may still be reading through the same descriptor)."""
         with self._lock:
-            fd = self._fds.pop(path, None)
-        if fd is not None:
-            os.close(fd)
+            self._reading -= 1
+            if self._reading == 0:
+                for fd in self._stale:
+                    os.close(fd)
+                self._stale.clear()
+
+    def _forget(self, path: Path, fd: int) -> None:
+        """Reopen ``path`` on the next read (it may have been replaced)."""
+        with self._lock:
+            if self._fds.get(path) == fd:
+                del self._fds[path]
+                self._stale.append(fd)
 
     def close(self) -> None:
         """Close the files."""
         with self._lock:
-            for fd in self._fds.values():
+            for fd in [*self._fds.values(), *self._stale]:
                 os.close(fd)
             self._fds.clear()
+            self._stale.clear()
