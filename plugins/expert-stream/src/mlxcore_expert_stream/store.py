@@ -90,7 +90,7 @@ class ExpertFiles:
         count = tensor.expert_bytes
         fd = self._acquire(tensor.path)
         try:
-            got = os.preadv(fd, [out], tensor.offset + expert * count)
+            got = os.preadv(fd, [out.data], tensor.offset + expert * count)
         except OSError as exc:
             self._forget(tensor.path, fd)
             raise ExpertReadError(f"cannot read {tensor.path}: {exc}") from exc

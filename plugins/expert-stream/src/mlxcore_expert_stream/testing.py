@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 from mlxcore_expert_stream.store import ExpertFiles
 
@@ -19,7 +20,8 @@ def mlx_lm_checkpoint(
     from mlx_lm.utils import quantize_model, save
 
     if not target.exists():
-        model, tokenizer, config = load(str(source), return_config=True)
+        loaded: Any = load(str(source), return_config=True)
+        model, tokenizer, config = loaded
         if bits is not None:
             model, config = quantize_model(model, config, group_size, bits)
         save(target, source, model, tokenizer, config)
