@@ -12,7 +12,7 @@ disk's read rate for expert slices in random order, one at a time vs the plugin'
 parallel reads.
 
 Usage: .venv/bin/python scripts/expert_stream_bench.py [--bits 4] [--share 0.35]
-       [--tokens 48] [--out results.json]
+       [--experts 32] [--width 512] [--tokens 48] [--out results.json]
 """
 
 from __future__ import annotations
@@ -30,14 +30,15 @@ from typing import Any
 PROMPTS = [[200 + 13 * i + j for j in range(24 + 5 * i)] for i in range(4)]
 
 
-def _model(bits: int | None) -> Path:
+def _model(bits: int | None, experts: int, width: int) -> Path:
     from mlxcore.testing.models import build_test_model
     from mlxcore_expert_stream.testing import mlx_lm_checkpoint
 
     source = build_test_model(
-        "qwen3_5_moe", num_experts=32, moe_intermediate_size=512, hidden_size=256
+        "qwen3_5_moe", num_experts=experts, moe_intermediate_size=width, hidden_size=256
     )
-    target = Path.home() / ".cache/mlxcore/bench-models" / f"moe32-{bits or 'f32'}-mlx"
+    name = f"moe{experts}" + (f"w{width}" if width != 512 else "") + f"-{bits or 'f32'}-mlx"
+    target = Path.home() / ".cache/mlxcore/bench-models" / name
     return mlx_lm_checkpoint(source, target, bits, group_size=64)
 
 
@@ -127,9 +128,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bits", type=int, default=None)
     parser.add_argument("--share", type=float, default=0.35)
+    parser.add_argument("--experts", type=int, default=32, help="routed experts per layer")
+    parser.add_argument("--width", type=int, default=512, help="each expert's width")
     parser.add_argument("--tokens", type=int, default=48)
     parser.add_argument("--out", default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--build", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--budget", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -137,7 +141,15 @@ def main() -> int:
         return 0
     from mlxcore_expert_stream.testing import routed_bytes
 
-    folder = _model(args.bits)
+    if args.build:
+        print(_model(args.bits, args.experts, args.width))
+        return 0
+    # built in a process of its own: a child started after this one had built the model
+    # would report this process's peak as its own (Linux keeps the high-water mark)
+    build = [sys.executable, __file__, "--build", "--experts", str(args.experts)]
+    build += ["--width", str(args.width)] + (["--bits", str(args.bits)] if args.bits else [])
+    built = subprocess.run(build, capture_output=True, text=True, check=True)
+    folder = Path(built.stdout.strip().splitlines()[-1])
     routed = routed_bytes(folder)
     budget = int(args.share * routed)
     sides: dict[str, Any] = {}
