@@ -26,23 +26,18 @@ EXPERT_COUNT_FIELD = {"minimax": "num_local_experts", "gpt_oss": "num_local_expe
 """The config field that sets a test model's routed experts, where not ``num_experts``."""
 
 
+LONG = pytest.mark.long  # more families: `make test-long`
+
+
 @pytest.fixture(
     scope="module",
     params=[
-        ("qwen3_5_moe", None),
-        ("qwen3_5_moe", 4),
-        ("qwen3_moe", None),
-        ("qwen3_moe", 4),
-        ("minimax", None),
-        ("gpt_oss", 4),
-    ],
-    ids=[
-        "qwen3_5_moe-float32",
-        "qwen3_5_moe-4-bit",
-        "qwen3_moe-float32",
-        "qwen3_moe-4-bit",
-        "minimax-float32",
-        "gpt_oss-4-bit-expert-biases",
+        pytest.param(("qwen3_5_moe", None), id="qwen3_5_moe-float32"),
+        pytest.param(("qwen3_5_moe", 4), id="qwen3_5_moe-4-bit"),
+        pytest.param(("qwen3_moe", None), id="qwen3_moe-float32"),
+        pytest.param(("qwen3_moe", 4), id="qwen3_moe-4-bit", marks=LONG),
+        pytest.param(("minimax", None), id="minimax-float32", marks=LONG),
+        pytest.param(("gpt_oss", 4), id="gpt_oss-4-bit-expert-biases"),
     ],
 )
 def moe(request: pytest.FixtureRequest, mlxcore_model_factory: Any, tmp_path_factory: Any) -> Path:
