@@ -216,3 +216,57 @@ def _refused(client: httpx.Client, replica: Replica) -> int:
         if str(sample["labels"].get("status")) == "503":
             total += int(sample["value"])
     return total
+
+
+def test_a_restarted_replica_draws_its_sessions_back_through_its_disk_tier(
+    tiny_qwen3: Path, tmp_path: Path
+) -> None:
+    """Replicas with the disk tier announce it as the medium ``DISK``, which
+    vllm-router credits at ``--kv-penalty-disk`` (0.3): a conversation held by a replica
+    that restarted (memory empty, the disk kept) goes back to that replica, not to the
+    one the router picks for a prompt nobody holds, and resumes from its disk."""
+    pair = [
+        Replica(name, tiny_qwen3, tmp_path, flags=("--plugin", "disk-cache",
+                "--disk-cache-dir", str(tmp_path / f"disk-{name}")))
+        for name in ("d1", "d2")
+    ]  # fmt: skip
+    with running(pair):
+        router = Router("kv_aware", pair, tiny_qwen3, tmp_path)
+        router.start()
+        try:
+            with httpx.Client(timeout=120) as client:
+
+                def chat(base: str, messages: list[dict[str, str]]) -> httpx.Response:
+                    body = {"model": "m", "messages": messages, "max_tokens": 8, "temperature": 0}
+                    answer = client.post(f"{base}/v1/chat/completions", json=body)
+                    assert answer.status_code == 200, answer.text
+                    return answer
+
+                fresh = [{"role": "user", "content": shared_system_prompt(300, salt="fresh ")}]
+                chosen = chat(router.url, fresh).headers["x-mlxcore-replica"]
+                holder = next(r for r in pair if r.name != chosen)  # not the router's pick
+                history = [
+                    {"role": "system", "content": shared_system_prompt(600, salt="disk tier ")},
+                    {"role": "user", "content": "Which rule mentions item 7?"},
+                ]
+                answer = chat(holder.url, history).json()["choices"][0]["message"]["content"]
+                history.append({"role": "assistant", "content": answer})
+                history.append({"role": "user", "content": "And item 8?"})
+                holder.stop()  # memory gone; what the writer queued is on disk
+                holder.start()
+                time.sleep(3.0)  # the router sees it healthy and re-subscribes to its events
+                turn = chat(router.url, history)
+                tokens = [
+                    client.post(
+                        f"{pair[0].url}/tokenize", json={"model": "m", "messages": m}
+                    ).json()["tokens"]
+                    for m in (history[:2], history)
+                ]
+        finally:
+            router.stop()
+    pairs = zip(tokens[0], tokens[1], strict=False)
+    shared = next((i for i, (a, b) in enumerate(pairs) if a != b), len(tokens[0]))
+    cached = turn.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    print(f"\ndisk tier: back on {turn.headers['x-mlxcore-replica']}, {cached} of {shared} cached")
+    assert turn.headers["x-mlxcore-replica"] == holder.name
+    assert shared > 1000 and cached >= 0.9 * shared

@@ -32,14 +32,15 @@ real caches.
 A :class:`TreeWatcher` hears of every change to the tokens the tree holds (a new leaf, a
 split, a removed node, everything cleared), under the same lock as the change: a plugin
 mirrors the tree's contents from it (the ``kv-events`` plugin publishes them to a
-router as vLLM's KV events).
+router as vLLM's KV events). A watcher that is also a :class:`TierWatcher` is told of a
+slower tier behind the tree (the ``disk-cache`` plugin's files), which it reads itself.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import attrs
 import numpy as np
@@ -72,6 +73,20 @@ class TreeWatcher(Protocol):
 
     def cleared(self) -> None:
         """Everything is gone (or the tree is closed for good)."""
+
+
+TierEntries = Callable[[], Mapping[str, Sequence[int]] | None]
+"""What a slower tier holds now: entry key (stable for the entry's life) -> its tokens
+from the prompt's start; None once the tier is closed for good. Cheap, any thread."""
+
+
+@runtime_checkable
+class TierWatcher(Protocol):
+    """A :class:`TreeWatcher` that also follows a slower tier behind the tree."""
+
+    def watch_tier(self, medium: str, entries: TierEntries) -> None:
+        """The tier ``medium`` (vLLM's medium name, e.g. ``"DISK"``) holds what
+        ``entries()`` returns; the watcher reads it when it likes."""
 
 
 class Node:

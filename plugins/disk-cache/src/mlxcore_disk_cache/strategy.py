@@ -37,7 +37,7 @@ from mlxcore.engine.cache_explain import CacheExplanation, explain_lookup
 from mlxcore.engine.kv_quant import KVQuantization
 from mlxcore.engine.memory import compact_cache
 from mlxcore.engine.prefix_pool import PoolSeat
-from mlxcore.engine.prefix_tree import TreeWatcher
+from mlxcore.engine.prefix_tree import TierWatcher, TreeWatcher
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.strategies import (
     CacheLookup,
@@ -112,6 +112,7 @@ class DiskTieredCache(CacheStrategy):
         """Entries handed to the writer (key: length), parents for later entries."""
         self._reader: concurrent.futures.ThreadPoolExecutor | None = None
         self.prefetches = 0
+        self._closed = False
 
     # -- lookups ---------------------------------------------------------------
 
@@ -373,11 +374,23 @@ class DiskTieredCache(CacheStrategy):
         self.memory.evict(nbytes)
 
     def watch(self, watcher: TreeWatcher) -> bool:
-        """The memory tier's changes (the disk tier's files are not told)."""
-        return self.memory.watch(watcher)
+        """The memory tier's changes; a :class:`TierWatcher` also gets the disk tier
+        as the medium ``DISK`` (its entries' tokens, read when it asks)."""
+        watching = self.memory.watch(watcher)
+        if watching and isinstance(watcher, TierWatcher):
+            watcher.watch_tier("DISK", self._disk_entries)
+        return watching
+
+    def _disk_entries(self) -> dict[str, Any] | None:
+        """The disk tier's entries now (key -> tokens); None once closed."""
+        if self._closed:
+            return None
+        store = self.disk
+        return {} if store is None else {k: e.tokens for k, e in store.snapshot().items()}
 
     def close(self) -> None:
         """Write what is queued, then stop the writer and the reader."""
+        self._closed = True
         self.memory.close()
         if self.writer is not None:
             self.writer.close()

@@ -17,12 +17,18 @@ position of a request's tokens by hashing the token ids itself.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+MEDIUM = "GPU"
+"""The medium of blocks in memory: the tier a router credits fully (vLLM's name for the
+accelerator's memory; on Apple silicon and on the CPU wheel the cache lives in the
+memory the model computes from)."""
+
 if TYPE_CHECKING:
-    from mlxcore.engine.prefix_tree import Node
+    from mlxcore.engine.prefix_tree import Node, TierEntries
     from mlxcore_kv_events.publisher import EventPublisher
 
 
@@ -44,12 +50,28 @@ def block_hash(parent: int | None, tokens: np.ndarray) -> int:
     return int.from_bytes(digest.digest(), "little") >> 1
 
 
+def chain_of(tokens: Sequence[int] | np.ndarray, block_size: int) -> list[Block]:
+    """The complete blocks of a token sequence from the prompt's start, chained."""
+    tokens = np.asarray(tokens)
+    blocks: list[Block] = []
+    parent: int | None = None
+    for end in range(block_size, tokens.shape[0] + 1, block_size):
+        run = tokens[end - block_size : end]
+        digest = block_hash(parent, run)
+        blocks.append(Block(digest, parent, end, tuple(map(int, run))))
+        parent = digest
+    return blocks
+
+
 class BlockMirror:
-    """One model's prefix tree as blocks (a :class:`~mlxcore.engine.prefix_tree.TreeWatcher`).
+    """One model's prefix tree as blocks (a :class:`~mlxcore.engine.prefix_tree.TreeWatcher`,
+    and a :class:`~mlxcore.engine.prefix_tree.TierWatcher` for a disk tier behind it).
 
     Every change is handed to ``publisher`` as an event, under the publisher's lock, in
     the order the tree made it.
     """
+
+    medium = MEDIUM
 
     def __init__(self, publisher: EventPublisher, block_size: int) -> None:
         self.publisher = publisher
@@ -60,6 +82,21 @@ class BlockMirror:
     def held(self) -> list[Block]:
         """Every block held (call under the publisher's lock)."""
         return [block for blocks in self.blocks.values() for block in blocks]
+
+    def holds(self) -> bool:
+        """Whether any block is held."""
+        return any(self.blocks.values())
+
+    def chains(self) -> list[list[Block]]:
+        """The held blocks as chains, each block's parent before it in its chain or in
+        a chain ending earlier (call under the publisher's lock)."""
+        return [blocks for blocks in self.blocks.values() if blocks]
+
+    def watch_tier(self, medium: str, entries: TierEntries) -> None:
+        """A slower tier behind the tree: its blocks are announced under ``medium``."""
+        from mlxcore_kv_events.tiers import TierMirror
+
+        self.publisher.add(TierMirror(self.publisher, self.block_size, medium, entries))
 
     # -- the watcher -------------------------------------------------------------
 
@@ -82,7 +119,7 @@ class BlockMirror:
             parent = digest
         with self.publisher.lock:
             self.blocks[node.serial] = blocks
-            self.publisher.stored(blocks, size)
+            self.publisher.stored(blocks, size, self.medium)
 
     def split(self, upper: Node, lower: Node) -> None:
         with self.publisher.lock:
@@ -98,7 +135,7 @@ class BlockMirror:
         with self.publisher.lock:
             blocks = self.blocks.pop(node.serial, None)
             if blocks:
-                self.publisher.removed([b.hash for b in blocks])
+                self.publisher.removed([b.hash for b in blocks], self.medium)
 
     def cleared(self) -> None:
         with self.publisher.lock:

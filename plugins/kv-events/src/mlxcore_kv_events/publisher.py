@@ -25,20 +25,33 @@ import atexit
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgpack
 import zmq
 
 if TYPE_CHECKING:
-    from mlxcore_kv_events.blocks import Block, BlockMirror
+    from mlxcore_kv_events.blocks import Block
+
+
+class Mirror(Protocol):
+    """What the publisher reads of each source of blocks: a prefix tree
+    (:class:`~mlxcore_kv_events.blocks.BlockMirror`) or a slower tier behind one
+    (:class:`~mlxcore_kv_events.tiers.TierMirror`)."""
+
+    medium: str
+    block_size: int
+
+    def holds(self) -> bool:
+        """Whether any block is held."""
+        ...
+
+    def chains(self) -> list[list[Block]]:
+        """Every block held, as chains (parents first)."""
+        ...
+
 
 log = logging.getLogger("mlxcore.plugins.kv_events")
-
-MEDIUM = "GPU"
-"""The medium of blocks in memory: the tier a router credits fully (vLLM's name for the
-accelerator's memory; on Apple silicon and on the CPU wheel the cache lives in the
-memory the model computes from)."""
 
 MAX_PENDING = 65536
 """Events kept for the thread at most; past it, a full resynchronisation instead."""
@@ -48,6 +61,9 @@ EVENTS_PER_MESSAGE = 512
 
 POLL_MS = 20
 """How long the thread waits for a subscriber between looks at the queue."""
+
+TIER_POLL_SECONDS = 1.0
+"""How often the thread reads the slower tiers (the disk) for changes."""
 
 
 class EventPublisher:
@@ -62,7 +78,7 @@ class EventPublisher:
         self.endpoint = endpoint
         self.topic = topic.encode()
         self.lock = threading.RLock()
-        self.mirrors: list[BlockMirror] = []
+        self.mirrors: list[Mirror] = []
         self._pending: list[dict[str, Any]] = []
         self._resync = False
         self._seq = time.time_ns() // 1000
@@ -78,27 +94,27 @@ class EventPublisher:
 
     # -- called by the mirrors, holding the lock ------------------------------------
 
-    def add(self, mirror: BlockMirror) -> None:
+    def add(self, mirror: Mirror) -> None:
         """Publish ``mirror``'s changes from now on."""
         with self.lock:
             self.mirrors.append(mirror)
 
-    def stored(self, blocks: list[Block], block_size: int) -> None:
-        """A chain of new blocks (each the parent of the next)."""
-        self._put(_stored(blocks, block_size))
+    def stored(self, blocks: list[Block], block_size: int, medium: str) -> None:
+        """A chain of new blocks (each the parent of the next) in ``medium``."""
+        self._put(_stored(blocks, block_size, medium))
 
-    def removed(self, hashes: list[int]) -> None:
-        """Blocks no longer held."""
-        self._put({"type": "BlockRemoved", "block_hashes": hashes, "medium": MEDIUM})
+    def removed(self, hashes: list[int], medium: str) -> None:
+        """Blocks no longer held in ``medium``."""
+        self._put({"type": "BlockRemoved", "block_hashes": hashes, "medium": medium})
 
-    def cleared(self, mirror: BlockMirror, hashes: list[int]) -> None:
-        """``mirror``'s tree is gone: ``AllBlocksCleared`` when it was the only one with
-        blocks, else its blocks removed one by one."""
+    def cleared(self, mirror: Mirror, hashes: list[int]) -> None:
+        """``mirror``'s blocks are gone for good: ``AllBlocksCleared`` when it was the
+        only one with blocks, else its blocks removed."""
         if mirror in self.mirrors:
             self.mirrors.remove(mirror)
-        if any(m.blocks for m in self.mirrors):
+        if any(m.holds() for m in self.mirrors):
             if hashes:
-                self.removed(hashes)
+                self.removed(hashes, mirror.medium)
         else:
             self._put({"type": "AllBlocksCleared"})
 
@@ -120,6 +136,7 @@ class EventPublisher:
             self._thread.join(timeout=5)
 
     def _run(self) -> None:
+        next_poll = 0.0
         try:
             while not self._closed.is_set():
                 if self._socket.poll(POLL_MS, zmq.POLLIN):
@@ -127,12 +144,23 @@ class EventPublisher:
                     if message[:1] == b"\x01":
                         with self.lock:
                             self._resync = True
+                if time.monotonic() >= next_poll:
+                    next_poll = time.monotonic() + TIER_POLL_SECONDS
+                    self.poll_tiers()
                 self._flush()
             self._flush()
         except Exception:
             log.exception("kv-events: the publisher thread failed; no more events are sent")
         finally:
             self._socket.close(linger=0)
+
+    def poll_tiers(self) -> None:
+        """Read the slower tiers for changes (the thread does it each second)."""
+        with self.lock:
+            for mirror in list(self.mirrors):
+                poll = getattr(mirror, "poll", None)
+                if poll is not None:
+                    poll()
 
     def _flush(self) -> None:
         with self.lock:
@@ -152,15 +180,14 @@ class EventPublisher:
         """``AllBlocksCleared`` then every held block, parents first (under the lock)."""
         chains = sorted(
             (
-                (blocks[0].end, blocks, mirror.block_size)
+                (blocks[0].end, blocks, mirror.block_size, mirror.medium)
                 for mirror in self.mirrors
-                for blocks in mirror.blocks.values()
-                if blocks
+                for blocks in mirror.chains()
             ),
             key=lambda chain: chain[0],
         )
         events: list[dict[str, Any]] = [{"type": "AllBlocksCleared"}]
-        events += [_stored(blocks, size) for _, blocks, size in chains]
+        events += [_stored(blocks, size, medium) for _, blocks, size, medium in chains]
         return [
             events[i : i + EVENTS_PER_MESSAGE] for i in range(0, len(events), EVENTS_PER_MESSAGE)
         ]
@@ -184,7 +211,7 @@ def decode(frames: list[bytes]) -> tuple[int, float, list[dict[str, Any]], int |
     return int.from_bytes(seq, "big"), float(stamp), list(events), rank
 
 
-def _stored(blocks: list[Block], block_size: int) -> dict[str, Any]:
+def _stored(blocks: list[Block], block_size: int, medium: str) -> dict[str, Any]:
     return {
         "type": "BlockStored",
         "block_hashes": [b.hash for b in blocks],
@@ -192,6 +219,6 @@ def _stored(blocks: list[Block], block_size: int) -> dict[str, Any]:
         "token_ids": [t for b in blocks for t in b.tokens],
         "block_size": block_size,
         "lora_id": None,
-        "medium": MEDIUM,
+        "medium": medium,
         "lora_name": None,
     }
