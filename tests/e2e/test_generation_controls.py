@@ -101,6 +101,31 @@ def test_tokenize_messages_counts_what_chat_completions_reports(
     assert got["tokens"][: open_turn["count"]] == open_turn["tokens"]
 
 
+def test_render_gives_the_ids_a_chat_request_with_tools_prefills(
+    scripted_server: Server, client: openai.OpenAI
+) -> None:
+    """vLLM's render API, as vllm-router calls it for a request with tools: the whole
+    chat body in, ``token_ids`` out, the ids ``/tokenize`` gives and as many as the
+    generation's ``prompt_tokens``; completions render each prompt."""
+    from tool_definitions import TIME
+
+    messages = [{"role": "user", "content": "What time is it in UTC?"}]
+    body = {"model": "tiny", "messages": messages, "tools": [TIME], "max_tokens": 3}
+    rendered = post(scripted_server, "/v1/chat/completions/render", body).json()
+    tokenized = post(scripted_server, "/tokenize", {"messages": messages, "tools": [TIME]})
+    assert rendered["token_ids"] == tokenized.json()["tokens"]
+    assert rendered["model"] == "tiny" and rendered["features"] is None
+    chat = client.chat.completions.create(
+        **body,
+        extra_body={"test_script": "ok"},  # type: ignore[arg-type]
+    )
+    assert chat.usage is not None and chat.usage.prompt_tokens == len(rendered["token_ids"])
+    texts = post(scripted_server, "/v1/completions/render", {"prompt": ["a b", "c"]}).json()
+    assert [len(r["token_ids"]) for r in texts] == [2, 1]
+    refused = post(scripted_server, "/v1/chat/completions/render", {**body, "max_tokens": 10**8})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "max_tokens"
+
+
 @pytest.mark.parametrize(
     ("path", "body", "param"),
     [
@@ -112,6 +137,13 @@ def test_tokenize_messages_counts_what_chat_completions_reports(
         ("/detokenize", {"tokens": [10**9]}, "tokens[0]"),
         ("/detokenize", {"tokens": "abc"}, "tokens"),
         ("/detokenize", {}, "tokens"),
+        ("/v1/chat/completions/render", {"messages": []}, "messages"),
+        (
+            "/v1/chat/completions/render",
+            {"messages": [{"role": "user", "content": "b"}], "tools": [{"type": "nope"}]},
+            "tools[0]",
+        ),
+        ("/v1/completions/render", {"prompt": [[-1]]}, "prompt[0]"),
     ],
 )
 def test_bad_tokenizer_requests_are_400_naming_the_field(

@@ -16,6 +16,7 @@ import pytest
 import zmq
 
 from mlxcore.testing.replicas import (
+    TOOLS,
     Replica,
     Router,
     run_sessions,
@@ -57,6 +58,44 @@ def test_a_conversation_follows_its_cache_through_the_router(
     for replica in replicas:  # the fields the router adds to every request pass quietly
         log = next(replica.logs.glob(f"{replica.name}-*.log")).read_text()
         assert "skip_special_tokens" not in log and "not known" not in log, log[-2000:]
+
+
+def test_a_request_with_tools_goes_where_its_prefix_is(
+    replicas: list[Replica], tiny_qwen3: Path, tmp_path: Path
+) -> None:
+    """vllm-router cannot render a request with tools itself: it asks each replica's
+    ``/v1/chat/completions/render`` for the ids, then scores the replicas by their
+    events. A conversation held by the replica the router would not pick for a prompt
+    nobody holds still gets its next turn there."""
+    router = Router("kv_aware", replicas, tiny_qwen3, tmp_path)
+    router.start()
+    try:
+        with httpx.Client(timeout=120) as client:
+
+            def chat(base: str, messages: list[dict[str, str]]) -> httpx.Response:
+                body = {"model": "m", "messages": messages, "tools": TOOLS, "max_tokens": 4}
+                answer = client.post(f"{base}/v1/chat/completions", json=body)
+                assert answer.status_code == 200, answer.text
+                return answer
+
+            fresh = [{"role": "user", "content": shared_system_prompt(200, salt="nobody ")}]
+            chosen = chat(router.url, fresh).headers["x-mlxcore-replica"]
+            holder = next(r for r in replicas if r.name != chosen)
+            history = [
+                {"role": "system", "content": shared_system_prompt(400, salt="tools turn ")},
+                {"role": "user", "content": "Which rule mentions item 3?"},
+            ]
+            answer = chat(holder.url, history).json()["choices"][0]["message"]
+            history += [
+                {"role": "assistant", "content": answer.get("content") or ""},
+                {"role": "user", "content": "And item 4?"},
+            ]
+            time.sleep(0.5)  # the holder's events reach the router
+            turn = chat(router.url, history)
+    finally:
+        router.stop()
+    assert turn.headers["x-mlxcore-replica"] == holder.name
+    assert turn.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 1000
 
 
 def test_a_new_subscriber_gets_a_clear_then_every_block_held(replicas: list[Replica]) -> None:

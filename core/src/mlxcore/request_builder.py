@@ -388,6 +388,21 @@ def generation_budget(
     return value
 
 
+def token_budget(rt: Runtime, spec: RequestSpec, prompt: Prompt) -> int:
+    """The tokens ``spec`` may generate after ``prompt``; raises the 400 when the prompt
+    leaves no room in the context."""
+    prompt_field = spec.prompt.field if isinstance(spec.prompt, TextPrompt) else "messages"
+    return generation_budget(
+        spec.max_tokens,
+        spec.default_max_tokens,
+        rt.engine.max_context,
+        spec.max_tokens_field,
+        prompt_len=len(prompt.ids),
+        prompt_field=prompt_field,
+        cap=spec.cap_max_tokens,
+    )
+
+
 def with_tool_grammar(rt: Runtime, spec: RequestSpec) -> RequestSpec:
     """``spec`` with its tool calls constrained in the model's own format where the
     model's tool parser declares a grammar (:mod:`mlxcore.tool_grammar`)."""
@@ -482,27 +497,26 @@ def output_pipeline(rt: Runtime, spec: RequestSpec, prompt_text: str) -> OutputP
 # -- the builder -------------------------------------------------------------------
 
 
-def build_generations(rt: Runtime, spec: RequestSpec) -> list[Generation]:
-    """One :class:`Generation` per choice of ``spec`` (blocking: rendering and
-    tokenizing take a while; the server runs it on its preparation pool)."""
+def prepared_prompt(rt: Runtime, spec: RequestSpec) -> tuple[RequestSpec, dict[str, Any], Prompt]:
+    """``spec`` with the server's defaults, its plugin options checked, and its prompt
+    rendered and tokenized: what a generation starts from, and what a router's render
+    endpoint answers. Raises the 400s a generation of it would (the context included)."""
     if isinstance(spec.prompt, ChatPrompt):
         spec = attrs.evolve(spec, prompt=with_server_defaults(rt, spec.prompt))
-        spec = with_tool_grammar(rt, spec)
     extras = {k: v for k, v in spec.extras.items() if k not in RESERVED_OPTIONS}
     plugin_options = validated_options(rt, extras)
     prompt = prepare_prompt(rt, spec.prompt, plugin_options)
     if prompt.media is not None and spec.sampling.prompt_logprobs is not None:
         raise rejected("prompt logprobs are not computed for prompts with media", "prompt_logprobs")
-    prompt_field = spec.prompt.field if isinstance(spec.prompt, TextPrompt) else "messages"
-    budget = generation_budget(
-        spec.max_tokens,
-        spec.default_max_tokens,
-        rt.engine.max_context,
-        spec.max_tokens_field,
-        prompt_len=len(prompt.ids),
-        prompt_field=prompt_field,
-        cap=spec.cap_max_tokens,
-    )
+    return spec, plugin_options, prompt
+
+
+def build_generations(rt: Runtime, spec: RequestSpec) -> list[Generation]:
+    """One :class:`Generation` per choice of ``spec`` (blocking: rendering and
+    tokenizing take a while; the server runs it on its preparation pool)."""
+    spec, plugin_options, prompt = prepared_prompt(rt, spec)
+    spec = with_tool_grammar(rt, spec)
+    budget = token_budget(rt, spec, prompt)
     options = dict(plugin_options)
     if spec.constraint is not None:
         options[structured.OPTION] = spec.constraint.value

@@ -46,12 +46,14 @@ def mlxcore_validate_options(options: dict[str, Any], config: ServerConfig) -> N
 def mlxcore_routes(config: ServerConfig) -> list[Any]:
     """``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``, the Responses
     API (``/v1/responses`` and its stored-response routes), and vLLM's ``/tokenize``
-    ``/detokenize`` and ``/tokenizer_info``."""
+    ``/detokenize``, ``/tokenizer_info`` and render API (``/v1/chat/completions/render``,
+    ``/v1/completions/render``)."""
     from mlxcore.builtin.openai.chat import chat_completions
     from mlxcore.builtin.openai.completions import completions
     from mlxcore.builtin.openai.embeddings import create_embeddings
+    from mlxcore.builtin.openai.render import render_chat, render_completions
     from mlxcore.builtin.openai.responses.routes import ROUTES
     from mlxcore.builtin.openai.tokenize import detokenize, tokenize, tokenizer_info
 
-    tokenizer_routes = [tokenize, detokenize, tokenizer_info]
+    tokenizer_routes = [tokenize, detokenize, tokenizer_info, render_chat, render_completions]
     return [chat_completions, completions, create_embeddings, *ROUTES, *tokenizer_routes]
