@@ -37,6 +37,9 @@ SYSTEM_WORDS = 4100
 AGENT_HEADER = "x-claude-code-session-id"
 """The session header Claude Code sends (the router's session affinity reads it)."""
 AFFINITY = ("--kv-aware-session-affinity-ttl-secs", "600")
+CACHE_AWARE_BALANCE = ("--balance-abs-threshold", "2", "--balance-rel-threshold", "1.2")
+"""cache_aware balances once a replica has 2 more requests in flight and 1.2x the other's
+(docs/replicas.md)."""
 
 
 @pytest.fixture(scope="module")
@@ -77,13 +80,16 @@ def test_agent_sessions_with_tools_stay_on_their_cache_with_kv_aware(
     assert figures["largest_share"] <= 0.7, figures["served"]
 
 
+@pytest.mark.parametrize("tools", [True, False], ids=["tools", "no-tools"])
 def test_kv_aware_routes_by_the_replicas_events(
-    replicas: list[Replica], tiny_qwen3: Path, tmp_path: Path
+    replicas: list[Replica], tiny_qwen3: Path, tmp_path: Path, tools: bool
 ) -> None:
-    """Without tools the router tokenizes each request and scores the replicas by the
-    blocks their events announced; no affinity."""
+    """The router scores the replicas by the blocks their events announced, no affinity:
+    it tokenizes a request without tools itself, and asks a replica's render API
+    (``/v1/chat/completions/render``) for one with tools."""
     router = Router("kv_aware", replicas, tiny_qwen3, tmp_path)
-    turns, figures = _play(router, replicas, "kv-aware events ", tools=False)
+    salt = "kv-aware events " + ("tools " if tools else "")
+    turns, figures = _play(router, replicas, salt, tools=tools)
     assert figures["failed"] == 0
     later = [t for t in turns if t.turn > 0]
     # The router's cost weighs a busy replica's queue against the prefill it saves, so a
@@ -97,14 +103,19 @@ def test_kv_aware_routes_by_the_replicas_events(
 def test_other_policies_as_measured(
     replicas: list[Replica], tiny_qwen3: Path, tmp_path: Path, policy: str
 ) -> None:
-    """cache_aware (the router's approximate tree of the texts it sent) and round_robin,
-    the baseline: every turn answered, both replicas used; their cache figures are
-    recorded, not asserted (neither keeps every turn on its cache)."""
-    router = Router(policy, replicas, tiny_qwen3, tmp_path)
+    """cache_aware (the router's approximate tree of the texts it sent) with the balance
+    thresholds docs/replicas.md prescribes, and round_robin, the baseline: every turn
+    answered, both replicas used. With its defaults (balance past 64 requests in
+    flight) cache_aware sent all 80 turns to one replica: every session's first turn
+    is mostly the shared system prompt, held where the first session went."""
+    flags = CACHE_AWARE_BALANCE if policy == "cache_aware" else ()
+    router = Router(policy, replicas, tiny_qwen3, tmp_path, flags=flags)
     turns, figures = _play(router, replicas, f"{policy} ", session_header=AGENT_HEADER)
     assert figures["failed"] == 0
     assert figures["largest_share"] <= 0.7, figures["served"]
     assert all(t.cached_tokens > 0 for t in turns if t.turn > 0)
+    if policy == "cache_aware":  # measured: 0, 1, 0 of 72 below 90% (docs/benchmarks.md)
+        assert figures["turns_below_90"] <= 2 and figures["mean_cached_share"] >= 0.97
 
 
 def test_a_killed_replica_ends_its_streams_and_rejoins(
