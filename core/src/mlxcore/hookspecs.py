@@ -285,8 +285,11 @@ def mlxcore_prefix_cache_watcher(info: ModelInfo, config: ServerConfig) -> TreeW
     start-up and after each restart); the watcher's ``cleared`` is called when that
     strategy closes. Strategies that keep no radix tree (``--cache-strategy lru``) tell
     nothing. The watcher runs on the engine's thread under the cache's lock: hand the
-    work to a thread of your own. The ``kv-events`` plugin publishes the changes as
-    vLLM's KV events.
+    work to a thread of your own. A watcher that also has ``watch_tier(medium, entries)``
+    (:class:`~mlxcore.engine.prefix_tree.TierWatcher`) is handed each slower tier behind
+    the tree: the ``disk-cache`` plugin calls it with ``"DISK"`` and a function returning
+    its entries' tokens by key (``None`` once closed), to read when the watcher likes.
+    The ``kv-events`` plugin publishes both as vLLM's KV events.
 
     Example::
 

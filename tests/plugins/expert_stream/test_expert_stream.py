@@ -33,7 +33,7 @@ LONG = pytest.mark.long  # more families: `make test-long`
     scope="module",
     params=[
         pytest.param(("qwen3_5_moe", None), id="qwen3_5_moe-float32"),
-        pytest.param(("qwen3_5_moe", 4), id="qwen3_5_moe-4-bit"),
+        pytest.param(("qwen3_5_moe", 4), id="qwen3_5_moe-4-bit", marks=LONG),
         pytest.param(("qwen3_moe", None), id="qwen3_moe-float32"),
         pytest.param(("qwen3_moe", 4), id="qwen3_moe-4-bit", marks=LONG),
         pytest.param(("minimax", None), id="minimax-float32", marks=LONG),

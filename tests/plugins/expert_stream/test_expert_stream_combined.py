@@ -65,14 +65,15 @@ def test_the_mtp_decoder_verifies_through_streamed_experts(hybrid_moe: Path, run
     }
     prompts = [tuple(range(100 + 9 * i, 118 + 9 * i)) for i in range(8)]
     full = runtimes(hybrid_moe, "qwen35-mtp", **mtp)
-    expected = [_one(full, p, 16).tokens for p in prompts]
+    together_full = submit_together(full, [GenerationRequest(p, 16) for p in prompts])
+    expected = [r.tokens for r in together_full]
     streamed = runtimes(
         hybrid_moe, "qwen35-mtp", "expert-stream", expert_memory=_budget(hybrid_moe), **mtp
     )
     assert streamed.engine.decoder.name == "qwen35-mtp"
     assert cache_of(streamed.model) is not None
-    alone = [_one(streamed, p, 16) for p in prompts]
-    assert [r.tokens for r in alone] == expected
+    alone = [_one(streamed, p, 16) for p in prompts[:3]]
+    assert [r.tokens for r in alone] == expected[:3]
     assert all("speculative_acceptance" in r.finish.usage.extra for r in alone if r.finish)
     together = submit_together(streamed, [GenerationRequest(p, 16) for p in prompts])
     assert [r.tokens for r in together] == expected
