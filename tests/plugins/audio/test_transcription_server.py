@@ -113,6 +113,7 @@ def test_the_stream_sends_the_transcript_window_by_window(
     assert len(deltas) >= 2  # one per window that added text
 
 
+@pytest.mark.long  # 16 s: the same server path as transcription, another task (test-long)
 @pytest.mark.filterwarnings("ignore:deprecated:DeprecationWarning")  # the SDK's, for Whisper
 def test_translation_gives_the_in_process_translation(
     client: openai.OpenAI, folder: Path, speech: Path

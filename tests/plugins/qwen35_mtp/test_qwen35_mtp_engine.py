@@ -302,6 +302,7 @@ TWENTY = [
 ]
 
 
+@pytest.mark.long  # 16 s on CI's two cores; the tests above cover each case with fewer prompts
 def test_twenty_prompts_alone_batched_and_cached(tiny_qwen3_5: Path) -> None:
     """Greedy output with MTP on equals mlx-lm's for 20 prompts: one at a time, in
     batches of 8 that all speculate together (one verification pass per round, per-row
