@@ -30,6 +30,7 @@ class Recorder:
         self.lock = threading.RLock()
         self.media: dict[str, Live] = {"GPU": {}}
         self.events: list[str] = []
+        self.counts: dict[str, dict[int, int]] = {}
 
     @property
     def live(self) -> Live:
@@ -54,6 +55,12 @@ class Recorder:
     def cleared(self, mirror: Any, hashes: list[int]) -> None:
         self.media[mirror.medium].clear()
         self.events.append("cleared")
+
+    def tier_counts(self, medium: str) -> dict[int, int]:
+        return self.counts.setdefault(medium, {})
+
+    def detach(self, mirror: Any) -> None:
+        self.events.append("detached")
 
 
 def _split(segment: Any, at: int) -> tuple[Any, Any]:
@@ -175,6 +182,29 @@ def test_a_tier_mirror_announces_exactly_its_entries_blocks_under_its_medium(see
     closed = True
     tier.poll()
     assert recorder.media["DISK"] == {} and not tier.holds()
+    assert recorder.events[-1] == "detached"
+
+
+def test_a_restarted_engines_tier_mirror_takes_over_without_a_gap() -> None:
+    """After an engine restart the new strategy's mirror reads the same files while the
+    old one's strategy closes: the blocks stay announced, each once, until the last
+    mirror holding them lets go."""
+    from mlxcore_kv_events.tiers import TierMirror
+
+    recorder = Recorder()
+    files = {"a": list(range(12)), "b": [*range(8), 9, 9, 9, 9]}
+    old_open, new_open = [True], [True]
+    old = TierMirror(recorder, BLOCK, "DISK", lambda: dict(files) if old_open[0] else None)  # type: ignore[arg-type]
+    new = TierMirror(recorder, BLOCK, "DISK", lambda: dict(files) if new_open[0] else None)  # type: ignore[arg-type]
+    old.poll()
+    new.poll()  # Recorder.stored refuses a block stored twice
+    assert recorder.media["DISK"] == blocks_of(files.values())
+    old_open[0] = False
+    old.poll()
+    assert recorder.media["DISK"] == blocks_of(files.values()) and new.holds()
+    new_open[0] = False
+    new.poll()
+    assert recorder.media["DISK"] == {}
 
 
 def test_the_disk_tier_is_announced_and_still_is_after_a_restart(

@@ -79,6 +79,7 @@ class EventPublisher:
         self.topic = topic.encode()
         self.lock = threading.RLock()
         self.mirrors: list[Mirror] = []
+        self._tier_counts: dict[str, dict[int, int]] = {}
         self._pending: list[dict[str, Any]] = []
         self._resync = False
         self._seq = time.time_ns() // 1000
@@ -98,6 +99,15 @@ class EventPublisher:
         """Publish ``mirror``'s changes from now on."""
         with self.lock:
             self.mirrors.append(mirror)
+
+    def detach(self, mirror: Mirror) -> None:
+        """Stop reading ``mirror`` (its blocks already taken back)."""
+        if mirror in self.mirrors:
+            self.mirrors.remove(mirror)
+
+    def tier_counts(self, medium: str) -> dict[int, int]:
+        """The block counts every slower tier's mirror of ``medium`` shares."""
+        return self._tier_counts.setdefault(medium, {})
 
     def stored(self, blocks: list[Block], block_size: int, medium: str) -> None:
         """A chain of new blocks (each the parent of the next) in ``medium``."""
@@ -187,7 +197,12 @@ class EventPublisher:
             key=lambda chain: chain[0],
         )
         events: list[dict[str, Any]] = [{"type": "AllBlocksCleared"}]
-        events += [_stored(blocks, size, medium) for _, blocks, size, medium in chains]
+        sent: set[tuple[str, int]] = set()  # two mirrors of one tier, during a restart
+        for _, blocks, size, medium in chains:
+            run = [b for b in blocks if (medium, b.hash) not in sent]
+            sent.update((medium, b.hash) for b in run)
+            if run:
+                events.append(_stored(run, size, medium))
         return [
             events[i : i + EVENTS_PER_MESSAGE] for i in range(0, len(events), EVENTS_PER_MESSAGE)
         ]

@@ -11,8 +11,10 @@ The tier is read, not told: every :data:`~mlxcore_kv_events.publisher.TIER_POLL_
 the publisher's thread asks :class:`TierMirror` to compare the tier's entries with what
 it announced. An entry is a token sequence from the prompt's start; entries share their
 prefixes' blocks, so each block is counted, announced when its first entry appears and
-removed when its last goes. Since a block's hash covers its whole prefix, the blocks an
-entry adds (or leaves behind) are always a run at its end: one event each.
+removed when its last goes (counted across every mirror of the medium, so the mirror of
+a restarted engine's strategy and the one it replaces share them). Since a block's hash
+covers its whole prefix, the blocks an entry adds (or leaves behind) are always a run at
+its end: one event each.
 """
 
 from __future__ import annotations
@@ -42,12 +44,14 @@ class TierMirror:
         announced."""
         self.hashes: dict[str, list[int]] = {}
         """Entry key -> its blocks' hashes (hashed once, when the entry appears)."""
-        self.count: dict[int, int] = {}
-        """Block hash -> how many announced entries hold it."""
+        self.count = publisher.tier_counts(medium)
+        """Block hash -> how many announced entries hold it, shared by every mirror of
+        this medium: after an engine restart the new strategy's mirror announces the
+        same files while the old one's leaves, and a block stays announced throughout."""
 
     def holds(self) -> bool:
-        """Whether any block is announced."""
-        return bool(self.count)
+        """Whether this mirror announced any block."""
+        return any(self.hashes.values())
 
     def chains(self) -> list[list[Block]]:
         """Every announced block once, as runs: each entry's blocks not in an earlier
@@ -74,11 +78,9 @@ class TierMirror:
         publisher's lock); a tier closed for good takes its blocks away."""
         now = self.entries()
         if now is None:
-            hashes = list(self.count)
-            self.tokens.clear()
-            self.hashes.clear()
-            self.count.clear()
-            self.publisher.cleared(self, hashes)
+            for key in list(self.tokens):
+                self._remove(key)
+            self.publisher.detach(self)
             return
         for key, tokens in now.items():  # gains first: an entry replaced by a longer
             if key not in self.tokens:  # one keeps its blocks announced throughout
