@@ -12,7 +12,6 @@ of at most that many experts.
 
 from __future__ import annotations
 
-import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
@@ -32,7 +31,6 @@ class CacheStats:
     misses: int = 0
     bytes_read: int = 0
     nbytes: int = 0
-    capacity: int = 0
 
 
 class ExpertCache:
@@ -55,25 +53,19 @@ class ExpertCache:
         self.capacity = capacity
         self.load = load
         share = capacity // max(1, len(expert_bytes))
-        self.slots = {layer: max(top_k, share // size) for layer, size in expert_bytes.items()}
-        self.stats = CacheStats(capacity=capacity)
-        self._layers: dict[str, LayerSlots] = {}
-        self._lock = threading.Lock()
-
-    def layer(self, name: str) -> LayerSlots:
-        """The slots of layer ``name`` (its tables are made on first use)."""
-        with self._lock:
-            found = self._layers.get(name)
-            if found is None:
-                found = self._layers[name] = LayerSlots(self, name, self.slots[name])
-            return found
+        self.stats = CacheStats()
+        self.layers = {
+            layer: LayerSlots(self, layer, max(top_k, share // size))
+            for layer, size in expert_bytes.items()
+        }
+        """Each streamed layer's slots (their tables are allocated at the first miss)."""
 
     def gauges(self) -> dict[str, float]:
         """The figures ``/metrics``, ``/health`` and the dashboard show."""
         stats = self.stats
         return {
             "expert_cache_bytes": float(stats.nbytes),
-            "expert_cache_capacity_bytes": float(stats.capacity),
+            "expert_cache_capacity_bytes": float(self.capacity),
             "expert_cache_hits": float(stats.hits),
             "expert_cache_misses": float(stats.misses),
             "expert_cache_read_bytes": float(stats.bytes_read),

@@ -44,7 +44,7 @@ class StreamedSwitchGLU(nn.Module):
 
     def __init__(self, layer: str, original: Any, cache: ExpertCache) -> None:
         super().__init__()
-        self._layer = layer
+        self._slots = cache.layers[layer]
         self._cache = cache
         self._activation = original.activation
         self._qargs: dict[str, dict[str, Any] | None] = {}
@@ -73,7 +73,7 @@ class StreamedSwitchGLU(nn.Module):
         indices = mx.stop_gradient(indices)
         routed = np.asarray(indices)
         chosen = np.unique(routed)
-        slots = self._cache.layer(self._layer)
+        slots = self._slots
         rounds = [chosen[i : i + slots.size] for i in range(0, len(chosen), slots.size)]
         result: mx.array | None = None
         for group in rounds:
