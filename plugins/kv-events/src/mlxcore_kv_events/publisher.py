@@ -165,12 +165,14 @@ class EventPublisher:
             self._socket.close(linger=0)
 
     def poll_tiers(self) -> None:
-        """Read the slower tiers for changes (the thread does it each second)."""
+        """Read the slower tiers for changes (the thread does it each second; each
+        mirror takes the lock itself, after hashing what is new)."""
         with self.lock:
-            for mirror in list(self.mirrors):
-                poll = getattr(mirror, "poll", None)
-                if poll is not None:
-                    poll()
+            mirrors = list(self.mirrors)
+        for mirror in mirrors:
+            poll = getattr(mirror, "poll", None)
+            if poll is not None:
+                poll()
 
     def _flush(self) -> None:
         with self.lock:

@@ -74,22 +74,28 @@ class TierMirror:
         return out
 
     def poll(self) -> None:
-        """Announce what the tier gained and lost since the last poll (under the
-        publisher's lock); a tier closed for good takes its blocks away."""
+        """Announce what the tier gained and lost since the last poll; a tier closed
+        for good takes its blocks away. New entries are hashed before the publisher's
+        lock is taken (the engine threads take it for every radix-tree change)."""
         now = self.entries()
-        if now is None:
-            for key in list(self.tokens):
+        fresh = {
+            key: chain_of(tokens, self.block_size)
+            for key, tokens in (now or {}).items()
+            if key not in self.tokens
+        }
+        with self.publisher.lock:
+            if now is None:
+                for key in list(self.tokens):
+                    self._remove(key)
+                self.publisher.detach(self)
+                return
+            for key, chain in fresh.items():  # gains first: an entry replaced by a
+                if key not in self.tokens:  # longer one keeps its blocks announced
+                    self._add(key, now[key], chain)
+            for key in [k for k in self.tokens if k not in now]:
                 self._remove(key)
-            self.publisher.detach(self)
-            return
-        for key, tokens in now.items():  # gains first: an entry replaced by a longer
-            if key not in self.tokens:  # one keeps its blocks announced throughout
-                self._add(key, tokens)
-        for key in [k for k in self.tokens if k not in now]:
-            self._remove(key)
 
-    def _add(self, key: str, tokens: Sequence[int]) -> None:
-        chain = chain_of(tokens, self.block_size)
+    def _add(self, key: str, tokens: Sequence[int], chain: list[Block]) -> None:
         new = [b for b in chain if b.hash not in self.count]
         for block in chain:
             self.count[block.hash] = self.count.get(block.hash, 0) + 1
