@@ -144,6 +144,7 @@ def test_render_gives_the_ids_a_chat_request_with_tools_prefills(
             "tools[0]",
         ),
         ("/v1/completions/render", {"prompt": [[-1]]}, "prompt[0]"),
+        ("/v1/completions/render", {"prompt": "a", "stop_token_ids": [10**9]}, "stop_token_ids"),
     ],
 )
 def test_bad_tokenizer_requests_are_400_naming_the_field(

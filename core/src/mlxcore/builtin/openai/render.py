@@ -5,22 +5,26 @@ A router that scores workers by their cached prefixes needs each request's token
 vllm-router renders chat requests itself, but not those with active tools (its
 renderer refuses them): for those it asks the worker's ``/v1/chat/completions/render``,
 and reads ``token_ids`` from vLLM's answer (a ``GenerateRequest``). The ids here come
-from the very function a generation starts from (:func:`~mlxcore.request_builder.prepared_prompt`),
-so they are the ids the chat request will prefill; the same request body is accepted and
-checked, and the same 400s (a prompt beyond the context included) are given. Both run on
-the preparation pool, never on the engine.
+from the function that builds every generation
+(:func:`~mlxcore.request_builder.build_generations`), so they are the ids the chat
+request will prefill; the same body is accepted and checked and the same 400s are given
+(the context and the engine's own checks included): the generation is built and
+checked as a submission is, then dropped. Both run on the preparation pool, never on
+the engine.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import attrs
 from litestar import Request, post
 
 from mlxcore import request_builder as builder
 from mlxcore.builtin.openai import chat, completions
 from mlxcore.builtin.openai.encode import new_id
 from mlxcore.builtin.openai.schemas import ChatCompletionRequest, CompletionRequest
+from mlxcore.engine.validation import check_request
 from mlxcore.request_builder import RequestSpec
 from mlxcore.server.frontend import decode_request, model_service, served_name
 from mlxcore.server.openapi import (
@@ -48,9 +52,11 @@ RENDERED = obj(
 
 
 def _ids(svc: GenerationService, spec: RequestSpec) -> list[int]:
-    spec, _options, prompt = builder.prepared_prompt(svc.runtime, spec)
-    builder.token_budget(svc.runtime, spec, prompt)  # the context's 400, as a generation
-    return list(prompt.ids)
+    """The prompt ids of ``spec``'s generation, built and checked exactly as a
+    generation request is (the engine's own checks included), never started."""
+    gen = builder.build_generations(svc.runtime, attrs.evolve(spec, n=1))[0]
+    check_request(gen.request, svc.runtime.engine.limits)
+    return list(gen.request.prompt_tokens)
 
 
 def _render_chat(
