@@ -266,8 +266,13 @@ class ServerConfig:
     )  # fmt: skip
     api_keys_file: str | None = setting(
         None, group=HTTP, metavar="FILE",
-        help="API keys with per-key limits (requests and tokens per minute) and priorities, "
-        "as TOML [keys.NAME] tables; see docs/reliability.md",
+        help="API keys as TOML [keys.NAME] tables, each a tenant with its role, cache group "
+        "and limits (read again on SIGHUP); see docs/security.md",
+    )  # fmt: skip
+    metrics_access: str = setting(
+        "keys", group=HTTP, choices=("keys", "admin", "public"),
+        help="who may read /metrics and /metrics/history on a server with keys: any key, "
+        "admin keys only, or anyone",
     )  # fmt: skip
     allowed_origins: tuple[str, ...] = setting(
         (), group=HTTP, nargs="+", metavar="ORIGIN", converter=tuple,

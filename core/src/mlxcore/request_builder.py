@@ -203,6 +203,9 @@ class RequestSpec:
     """Where the request queues (lower first; ``None``: the API key's default, else 0)."""
     parallel_tool_calls: bool = True
     """``tool_choice: auto`` may make several calls."""
+    cache_salt: str | None = None
+    """vLLM's ``cache_salt``: the request reuses only prefixes computed with the same salt
+    (and the same API key or cache group; :mod:`mlxcore.engine.cache_partition`)."""
 
 
 @attrs.frozen
@@ -552,6 +555,7 @@ def build_generations(rt: Runtime, spec: RequestSpec) -> list[Generation]:
             media=prompt.media,
             cache_key=prompt.cache_key,
             priority=spec.priority,
+            cache_salt=spec.cache_salt,
         )
         check_constraint(
             rt, request, spec.constraint.field if spec.constraint else "response_format"

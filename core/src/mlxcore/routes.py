@@ -22,6 +22,16 @@ PUBLIC_OPTION = "public"
 """A route handler's ``opt`` key: reachable without an API key. Only for routes that
 serve no data (the browser page's files); everything else stays behind ``--api-key``."""
 
+ADMIN_OPTION = "admin"
+"""A route handler's ``opt`` key: an administrative route (it changes what the server
+holds for everyone: models, adapters, downloads, the keys). On a server with API keys,
+only a key with ``role = "admin"`` may call it; another key gets a 403 in the API's own
+error shape. Every call is logged with the key's name."""
+
+METRICS_OPTION = "metrics"
+"""A route handler's ``opt`` key: a metrics route, open to whom ``--metrics-access``
+says (any key, admin keys, or anyone)."""
+
 BROWSER_HOME_OPTION = "browser_home"
 """A route handler's ``opt`` key: the page a browser asking for ``/`` is sent to (a
 plugin's web page); clients asking for JSON still get the server's description."""

@@ -24,6 +24,10 @@ API_KEY = "ui-test-key"
 """The key ``ui_server`` asks for (the tests spell it out too)."""
 
 
+USER_KEY = "ui-viewer-key"
+"""An ordinary (not admin) key of ``ui_server``: its page shows no admin controls."""
+
+
 PULLED = "tester/pulled-llama"
 """The repo the stand-in Hub of ``ui_server`` offers (for the page's "Get a model")."""
 
@@ -45,9 +49,11 @@ def ui_server(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Server:
     """Two chat models (``qwen``, the default, and ``llama``), both scripted (a request's
-    ``test_script`` is what the model writes), behind an API key; its Hugging Face Hub
+    ``test_script`` is what the model writes), behind an admin API key (and an ordinary one, :data:`USER_KEY`); its Hugging Face Hub
     is ``ui_hub`` (and a cache of its own)."""
     folder = tmp_path_factory.mktemp("ui-models")
+    keys = folder / "keys.toml"
+    keys.write_text(f'[keys.viewer]\nkey = "{USER_KEY}"\n')
     config = folder / "models.toml"
     config.write_text(
         f'[models.llama]\nsource = "{tiny_llama}"\nplugins = ["mlxcore.testing.scripted"]\n'
@@ -67,6 +73,8 @@ def ui_server(
             str(config),
             "--api-key",
             API_KEY,
+            "--api-keys-file",
+            str(keys),
         )
 
 

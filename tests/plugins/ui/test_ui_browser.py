@@ -24,7 +24,9 @@ from mlxcore.testing.server import Server
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 API_KEY = "ui-test-key"
-"""The key ``ui_server`` is started with (conftest.py)."""
+"""The admin key ``ui_server`` is started with (conftest.py)."""
+USER_KEY = "ui-viewer-key"
+"""Its ordinary key."""
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 MARKDOWN = (
@@ -413,6 +415,27 @@ def test_get_a_model_with_progress_then_remove_it(
     page.page.wait_for_function(
         "() => document.querySelector('#pull-status').textContent.includes('not-on-the-hub:')"
     )
+
+
+def test_an_ordinary_key_sees_no_admin_controls(browser: Any, ui_server: Server) -> None:
+    """Loading, pinning and pulling are an admin key's: an ordinary key's page shows the
+    models without their buttons and without "Get a model" (the routes answer it 403)."""
+    page = Page(browser, ui_server).open(log_in=False)
+    page.page.wait_for_selector("#key-dialog[open]")
+    page.page.fill("#key-input", USER_KEY)
+    page.page.click("#key-save")
+    page.page.wait_for_selector("#model option", state="attached")
+    page.page.click("#tab-models")
+    page.page.wait_for_selector("#models tbody tr td")
+    rows = page.page.locator("#models tbody tr").all_inner_texts()
+    assert any(r.startswith("qwen") for r in rows)
+    assert page.page.locator("#models button").count() == 0
+    assert page.page.locator("#pull-form").is_hidden()
+    refused = httpx.post(
+        f"{ui_server.v1}/models/qwen/pin", headers={"Authorization": f"Bearer {USER_KEY}"}
+    )
+    assert refused.status_code == 403
+    page.close()
 
 
 def test_wrong_key_asks_again(browser: Any, ui_server: Server) -> None:

@@ -94,10 +94,12 @@ def missing(model: Any, request: GenerationRequest) -> str | None:
     return None
 
 
-def cache_marker(key: int) -> int:
-    """The prefix-cache id that stands for the adapter ``key`` at position 0: negative (no
-    token id is), apart from the media keys' range (those use 60 bits)."""
-    digest = hashlib.sha256(f"adapter:{key}".encode()).digest()
+def cache_marker(key: int, first: int = 0) -> int:
+    """The prefix-cache id that stands for the token ``first`` at position 0 under the
+    adapter ``key``: negative (no token id is), apart from the media keys' range (those
+    use 60 bits) and outside int32 (the disk tier never stores it: adapter keys start
+    again with every process)."""
+    digest = hashlib.sha256(f"adapter:{key}:{first}".encode()).digest()
     return -(1 << 62) - int.from_bytes(digest[:7], "big")
 
 
@@ -105,8 +107,8 @@ def adapter_request(request: GenerationRequest, key: int) -> GenerationRequest:
     """``request`` run under the adapter ``key``: the option set, and the prefix cache
     keyed by the adapter from the first position on (the adapter changes every
     position's state, so no prefix is shared with the base model or another adapter)."""
-    tokens = request.cache_tokens
-    cache_key = (cache_marker(key), *tokens[1:]) if tokens else None
+    tokens = request.prompt_tokens if request.cache_key is None else request.cache_key
+    cache_key = (cache_marker(key, tokens[0]), *tokens[1:]) if tokens else None
     return attrs.evolve(
         request, options={**request.options, ADAPTER_OPTION: key}, cache_key=cache_key
     )

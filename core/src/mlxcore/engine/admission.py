@@ -45,19 +45,45 @@ def admission_order(
 ) -> list[RequestHandle]:
     """The waiting requests in the order they may start: lower ``priority`` first
     (vLLM's convention), each ``aging`` seconds waited counting as one level better (so
-    no priority starves; 0: strict), then by arrival. Arrival order when every request
-    has the same priority."""
-    first = waiting[0].request.priority if waiting else None
-    if all(h.request.priority == first for h in waiting):
+    no priority starves; 0: strict); within a priority, round-robin across tenants (each
+    API key's first waiting request, then each one's second, ...), so a key that queued
+    hundreds does not push another key's one request to the back. Arrival order when
+    every request has the same priority and tenant.
+
+    Fairness does not change how a priority ages: the arrival times of a priority's
+    requests are handed out, oldest first, to its requests in round-robin order, and a
+    request ranks by the time it was handed."""
+    if not waiting:
+        return []
+    first = waiting[0].request
+    if all(
+        h.request.priority == first.priority and h.request.tenant == first.tenant for h in waiting
+    ):
         return list(waiting)
+    classes: dict[int, list[RequestHandle]] = {}
+    for handle in waiting:
+        classes.setdefault(handle.request.priority or 0, []).append(handle)
+    ranked: list[tuple[float, float, int, RequestHandle]] = []
+    for level, members in classes.items():
+        times = sorted(h.queued_at for h in members)
+        for n, (at, handle) in enumerate(zip(times, round_robin(members), strict=True)):
+            rank = level - (now - at) / aging if aging > 0 else float(level)
+            ranked.append((rank, at, n, handle))
+    ranked.sort(key=lambda item: item[:3])
+    return [item[3] for item in ranked]
 
-    def rank(handle: RequestHandle) -> tuple[float, float]:
-        level = float(handle.request.priority or 0)
-        if aging > 0:
-            level -= (now - handle.queued_at) / aging
-        return level, handle.queued_at
 
-    return sorted(waiting, key=rank)
+def round_robin(handles: Sequence[RequestHandle]) -> list[RequestHandle]:
+    """``handles`` (in arrival order) taken in turns across tenants: every tenant's
+    first, in the order of their first arrivals, then every tenant's second, ..."""
+    turn: dict[str | None, int] = {}
+    keyed = []
+    for index, handle in enumerate(handles):
+        tenant = handle.request.tenant
+        keyed.append((turn.get(tenant, 0), index, handle))
+        turn[tenant] = turn.get(tenant, 0) + 1
+    keyed.sort(key=lambda item: item[:2])
+    return [item[2] for item in keyed]
 
 
 @attrs.define(eq=False)
@@ -155,14 +181,16 @@ class Admission:
 
     def take_waiting(self, loop: BatchLoop) -> list[RequestHandle]:
         """Pop the requests that may start now, in :func:`admission_order`: a free slot
-        each, and their cache fits the budget left (evicting prefix-cache entries first).
-        The first that does not fit stops the round (nothing overtakes it for being
-        smaller, so a long prompt is not starved)."""
+        each (or, in a full batch, a tenant's fair share: :class:`FairShare`), and their
+        cache fits the budget left (evicting prefix-cache entries first). The first that
+        does not fit stops the round (nothing overtakes it for being smaller, so a long
+        prompt is not starved)."""
         self.drop_cancelled()
         now = time.monotonic()
         held = self._background_held(loop, now)
         room = self.config.max_num_seqs - len(loop.live)
-        if room <= 0 or not self.waiting:
+        fair = FairShare.of(loop, self.waiting, self.config.max_num_seqs)
+        if (room <= 0 and fair is None) or not self.waiting:
             self._pausing = held and all(self._is_background(h) for h in self.waiting)
             return []
         reserved = self.reserved(loop)
@@ -170,8 +198,10 @@ class Admission:
         left: set[int] = set()
         order = admission_order(self.waiting, now, self.config.priority_aging)
         for handle in order:
-            if room <= 0:
-                break
+            if room <= 0 and (fair is None or not fair.may_start(handle, len(taken))):
+                if fair is None:
+                    break
+                continue  # a full batch: a tenant under its share behind may still start
             if held and self._is_background(handle):
                 continue  # idle capacity only: it waits, without holding up the others
             gone = adapter_missing(self.model, handle.request)
@@ -186,6 +216,8 @@ class Admission:
             left.add(id(handle))
             reserved += need
             room -= 1
+            if fair is not None:
+                fair.started(handle)
         if left:
             self.waiting = collections.deque(h for h in self.waiting if id(h) not in left)
         # an interactive request that could not start (no slot, no memory) gets the paused
@@ -267,6 +299,45 @@ class Admission:
             self.pool_seat.reclaim(reserved - budget)
             budget = self.memory.kv_budget(held_bytes(loop))
         return budget is None or reserved <= budget
+
+
+class FairShare:
+    """``--max-num-seqs`` shared between tenants (API keys) that compete for it.
+
+    While requests of two or more tenants run or wait, each tenant's share is the batch
+    divided among them. A full batch still takes a request whose tenant runs fewer than
+    its share, up to twice ``--max-num-seqs`` rows in all (and within the memory budget,
+    as always): so a key that queued hundreds of requests, holding every row, does not
+    make another key's request wait for its rows to finish. The batch is back within
+    ``--max-num-seqs`` as the heavy tenant's rows end, since a tenant at its share only
+    takes free rows.
+    """
+
+    def __init__(self, running: collections.Counter[str | None], share: int, rows: int, cap: int):
+        self.running, self.share, self.rows, self.cap = running, share, rows, cap
+
+    @classmethod
+    def of(
+        cls, loop: BatchLoop, waiting: Sequence[RequestHandle], max_num_seqs: int
+    ) -> FairShare | None:
+        """The shares now, or ``None`` while one tenant (or none) has work."""
+        running: collections.Counter[str | None] = collections.Counter(
+            live.handle.request.tenant for live in list(loop.live.values())
+        )
+        tenants = set(running) | {h.request.tenant for h in waiting}
+        if len(tenants) < 2:
+            return None
+        share = max(1, max_num_seqs // len(tenants))
+        return cls(running, share, len(loop.live), 2 * max_num_seqs)
+
+    def may_start(self, handle: RequestHandle, taken: int) -> bool:
+        """Whether ``handle`` may start in a full batch (``taken``: started this round)."""
+        tenant = handle.request.tenant
+        return self.rows + taken < self.cap and self.running[tenant] < self.share
+
+    def started(self, handle: RequestHandle) -> None:
+        """Count ``handle`` as running."""
+        self.running[handle.request.tenant] += 1
 
 
 def end(handle: RequestHandle, reason: str, code: str | None = None, error: str = "") -> None:

@@ -6,9 +6,12 @@ Front ends (OpenAI, Anthropic, the CLI) turn their own request shapes into a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
+
+from mlxcore.engine.cache_partition import MARKED_POSITIONS, partition_name, partition_tokens
 
 GREEDY_BELOW = 1e-5
 """Temperatures below this are greedy decoding, as in vLLM: sampling at ``1/T`` past
@@ -93,6 +96,13 @@ class GenerationRequest:
         priority: where it queues (vLLM's convention: lower starts first, ties by
             arrival; ``None``: 0, or the API key's default, see
             :func:`mlxcore.server.keys.request_priority`).
+        tenant: the name of the API key that sent it (``None`` on a server without
+            keys): waiting requests of equal priority are admitted round-robin across
+            tenants.
+        cache_scope: whose prefix cache it reads and writes: its API key's cache group,
+            or the key itself (``None``: the shared cache of a server without keys).
+        cache_salt: the request's own ``cache_salt`` (vLLM's): it reuses only prefixes
+            computed with the same salt in the same scope.
     """
 
     prompt_tokens: tuple[int, ...]
@@ -108,8 +118,27 @@ class GenerationRequest:
     priority: int | None = None
     trace_id: str = ""
     """The HTTP request's id (``x-request-id``), for the engine's log lines about it."""
+    tenant: str | None = None
+    cache_scope: str | None = None
+    cache_salt: str | None = None
+    _cache_tokens: tuple[int, ...] = attrs.field(init=False, repr=False, eq=False)
+
+    def __attrs_post_init__(self) -> None:
+        base = self.prompt_tokens if self.cache_key is None else self.cache_key
+        partition = partition_name(self.cache_scope, self.cache_salt)
+        object.__setattr__(self, "_cache_tokens", partition_tokens(base, partition))
+
+    def keyed(self, tokens: Sequence[int]) -> list[int]:
+        """``tokens`` (this request's prompt and what followed it) led by the prompt's
+        first cache tokens, which carry its partition and adapter: the key under which a
+        store of sequences other than the prefix cache (a draft model's prefix store)
+        keeps them, so that each partition keeps its own."""
+        head = self.cache_tokens[:MARKED_POSITIONS]
+        return [*head, *tokens[len(head) :]]
 
     @property
     def cache_tokens(self) -> tuple[int, ...]:
-        """The prompt as the prefix cache keys it (:attr:`cache_key` or the prompt)."""
-        return self.prompt_tokens if self.cache_key is None else self.cache_key
+        """The prompt as the prefix cache keys it: :attr:`cache_key` or the prompt, its
+        first tokens replaced by its partition's markers when it has a cache scope or a
+        salt (:mod:`mlxcore.engine.cache_partition`)."""
+        return self._cache_tokens

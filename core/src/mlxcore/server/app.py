@@ -1,7 +1,8 @@
 """The Litestar application and ``mlxcore serve``.
 
 Routes come from the ``mlxcore_routes`` hook (the OpenAI routes are a built-in
-plugin); the app adds /health, /metrics, /openapi.json and /docs, API-key auth,
+plugin); the app adds /health, /metrics, /openapi.json and /docs, API-key auth
+(:mod:`mlxcore.server.auth`),
 CORS, a body size limit, and errors in each API's own shape for everything (a
 router's own exception handler also answers the errors raised before routing,
 such as a 405, on its paths).
@@ -14,7 +15,6 @@ import contextlib
 import functools
 import logging
 import threading
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -27,11 +27,12 @@ from mlxcore import structured
 from mlxcore.config import ServerConfig
 from mlxcore.embeddings import EmbeddingError, hidden_size
 from mlxcore.hooks import PluginHooks
-from mlxcore.routes import BROWSER_HOME_OPTION, PUBLIC_OPTION, RouteTable, http_routes
+from mlxcore.routes import BROWSER_HOME_OPTION, RouteTable, http_routes
 from mlxcore.server import request_ids
-from mlxcore.server.errors import APIError, api_error_handler
-from mlxcore.server.internal import is_internal, new_token
-from mlxcore.server.keys import KeyCollector, KeyTable, current_key, retry_after
+from mlxcore.server.auth import AUTH_ROUTES, before_request, watch_sighup
+from mlxcore.server.errors import api_error_handler
+from mlxcore.server.internal import new_token
+from mlxcore.server.keys import KeyCollector, KeyTable
 from mlxcore.server.metrics import Metrics
 from mlxcore.server.metrics_routes import metrics, metrics_history, metrics_json
 from mlxcore.server.model_routes import model_routes
@@ -50,8 +51,6 @@ from mlxcore.server.protocol import header_timeout_protocol
 from mlxcore.server.router import ModelRouter, ModelSlot
 
 log = logging.getLogger(__name__)
-
-OPEN_PATHS = frozenset({"/health", "/"})
 
 
 def _keyed(config: ServerConfig) -> bool:
@@ -203,38 +202,6 @@ async def _exit_when_engine_fails(app: Litestar, router: ModelRouter) -> None:
         server.should_exit = True
 
 
-def _before_request(keys: KeyTable) -> Any:
-    """Each request's id (:mod:`mlxcore.server.request_ids`), then authentication and
-    per-key limits (:mod:`mlxcore.server.keys`); the server's own in-process requests
-    (:mod:`mlxcore.server.internal`) pass."""
-
-    async def check(request: Request[Any, Any, Any]) -> None:
-        request_ids.assign(request.scope)  # type: ignore[arg-type]
-        if not keys:
-            return
-        if request.url.path in OPEN_PATHS or request.route_handler.opt.get(PUBLIC_OPTION):
-            return
-        if is_internal(request.headers, request.app.state.internal_token):
-            return
-        header = request.headers.get("authorization", "")
-        token = header[7:].strip() if header.lower().startswith("bearer ") else ""
-        key = keys.find(token or request.headers.get("x-api-key", ""))
-        if key is None:
-            raise APIError(401, "invalid or missing API key", code="invalid_api_key")
-        wait = key.admit(time.monotonic())
-        if wait > 0:
-            raise APIError(
-                429,
-                f"API key {key.name!r} is over its limit of requests or tokens per minute; "
-                f"retry in {retry_after(wait)} s",
-                code="rate_limit_exceeded",
-                headers={"Retry-After": retry_after(wait)},
-            )
-        current_key.set(key)
-
-    return check
-
-
 def browser_home(handlers: list[Any]) -> str | None:
     """The path of the page a browser asking for ``/`` is sent to, if a plugin serves one
     (a GET route whose ``opt`` holds :data:`~mlxcore.routes.BROWSER_HOME_OPTION`)."""
@@ -290,6 +257,7 @@ def create_app(
             metrics_json,
             metrics_history,
             *model_routes(),
+            *AUTH_ROUTES,
         ],
     )
     routes = hooks.routes(config, core).handlers
@@ -316,6 +284,8 @@ def create_app(
             return result
         return api_error_handler(request, exc)
 
+    keys = KeyTable.from_config(config.api_key, config.api_keys_file)
+
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         await router.start(preload)
@@ -331,6 +301,7 @@ def create_app(
         sampler = asyncio.ensure_future(router.metrics.history.run(router.gauges))
         try:
             async with contextlib.AsyncExitStack() as plugins:
+                plugins.enter_context(watch_sighup(keys))
                 for lifespan_ in hooks.server_lifespans(app):
                     await plugins.enter_async_context(lifespan_)
                 yield
@@ -342,13 +313,12 @@ def create_app(
     cors = (
         CORSConfig(allow_origins=list(config.allowed_origins)) if config.allowed_origins else None
     )
-    keys = KeyTable.from_config(config.api_key, config.api_keys_file)
     if keys:
         router.metrics.registry.register(KeyCollector(keys))
     app = Litestar(
         route_handlers=handlers,
         exception_handlers={Exception: errors},
-        before_request=_before_request(keys),
+        before_request=before_request(keys, config.metrics_access),
         before_send=[_on_response_start(router.metrics, config.replica_name)],
         cors_config=cors,
         request_max_body_size=config.max_request_body_bytes,
@@ -359,6 +329,7 @@ def create_app(
     )
     app.state.router = router
     app.state.config = config
+    app.state.api_keys = keys
     app.state.browser_home = browser_home(routes)
     app.state.internal_token = new_token()
     app.state.metrics = router.metrics

@@ -81,7 +81,7 @@ class Metrics:
         )
         self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds", "TTFT", registry=r)
         self.latency = Histogram(f"{PREFIX}_request_seconds", "request duration", registry=r)
-        self._recent: deque[dict[str, Any]] = deque(maxlen=RECENT_REQUESTS)
+        self._recent: deque[tuple[str | None, dict[str, Any]]] = deque(maxlen=RECENT_REQUESTS)
         self.history = History()
         """The last minutes of aggregate figures, once a second (``/metrics/history``)."""
         self._recent_lock = threading.Lock()
@@ -114,9 +114,11 @@ class Metrics:
         ttft: float | None = None,
         model: str = "",
         request_id: str = "",
+        tenant: str | None = None,
     ) -> None:
         """Account for one finished request (``ttft``: seconds to its first token, None
-        when it produced none) and list it among the recent ones."""
+        when it produced none) and list it among the recent ones (``tenant``: the API
+        key that sent it, who alone sees it there besides admins)."""
         usage = event.usage
         self.requests.labels(finish_reason=event.reason).inc()
         self.prompt_tokens.inc(usage.prompt_tokens)
@@ -141,16 +143,17 @@ class Metrics:
             else None,
         }
         with self._recent_lock:
-            self._recent.append(entry)
+            self._recent.append((tenant, entry))
 
     def render(self) -> bytes:
         """The Prometheus text exposition."""
         return generate_latest(self.registry)
 
-    def as_json(self) -> dict[str, Any]:
+    def as_json(self, viewer: str | None = None) -> dict[str, Any]:
         """The same metrics as :meth:`render`, as JSON: each sample name -> its labelled
         values (histogram buckets left out: their ``_sum`` and ``_count`` stay), and the
-        newest finished requests, newest first."""
+        newest finished requests, newest first: all of them for ``viewer`` ``None`` (an
+        admin, or a server without keys), else only that tenant's."""
         samples: dict[str, list[dict[str, Any]]] = {}
         for family in self.registry.collect():
             for sample in family.samples:
@@ -161,7 +164,7 @@ class Metrics:
                     {"labels": dict(sample.labels), "value": value}
                 )
         with self._recent_lock:
-            recent = list(reversed(self._recent))
+            recent = [e for t, e in reversed(self._recent) if viewer is None or t == viewer]
         return {"object": "metrics", "metrics": samples, "recent_requests": recent}
 
 

@@ -10,10 +10,12 @@ from typing import Any
 
 from litestar import Request, Response, get
 
+from mlxcore.routes import METRICS_OPTION
 from mlxcore.server.errors import invalid
 from mlxcore.server.history import GAUGES as HISTORY_GAUGES
 from mlxcore.server.history import PERIOD_SECONDS as HISTORY_PERIOD
 from mlxcore.server.history import WINDOW_SECONDS as HISTORY_WINDOW
+from mlxcore.server.keys import current_key
 from mlxcore.server.metrics import Metrics
 from mlxcore.server.openapi import (
     INTEGER,
@@ -32,7 +34,10 @@ from mlxcore.server.openapi import (
 @get(
     "/metrics",
     media_type="text/plain; version=0.0.4",
-    opt={REPLIES_OPTION: {200: reply("Prometheus text", STRING, media_type="text/plain")}},
+    opt={
+        METRICS_OPTION: True,
+        REPLIES_OPTION: {200: reply("Prometheus text", STRING, media_type="text/plain")},
+    },
 )
 async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Prometheus metrics."""
@@ -69,13 +74,18 @@ METRICS_JSON = obj(
 """What ``/metrics/json`` answers."""
 
 
-@get("/metrics/json", opt={REPLIES_OPTION: {200: reply("the metrics as JSON", METRICS_JSON)}})
+@get(
+    "/metrics/json",
+    opt={METRICS_OPTION: True, REPLIES_OPTION: {200: reply("the metrics as JSON", METRICS_JSON)}},
+)
 async def metrics_json(request: Request[Any, Any, Any]) -> dict[str, Any]:
     """The same metrics as ``/metrics`` as JSON (histogram buckets left out), with the
     newest finished requests (TTFT, tokens/s, cached share); what the web page's
-    dashboard polls. Read from the registry: nothing is asked of the engine thread."""
+    dashboard polls; an ordinary API key sees only its own requests among the newest.
+    Read from the registry: nothing is asked of the engine thread."""
     metrics_: Metrics = request.app.state.metrics
-    return metrics_.as_json()
+    key = current_key.get()
+    return metrics_.as_json(None if key is None or key.is_admin else key.name)
 
 
 _POINT = obj(
@@ -104,6 +114,7 @@ METRICS_HISTORY = obj(
 @get(
     "/metrics/history",
     opt={
+        METRICS_OPTION: True,
         REPLIES_OPTION: {200: reply("the recent points", METRICS_HISTORY)},
         QUERY_OPTION: {"seconds": {"type": "number", "minimum": 0}},
     },

@@ -1,5 +1,5 @@
 """``/v1/models``: the models a server serves and their state, and the admin routes that
-load and unload them (behind ``--api-key`` like every route but /health)."""
+load, unload, pin and unpin them (admin routes: on a server with keys, an admin key's)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from litestar import Request, get, post
 from litestar.handlers import HTTPRouteHandler
 
 from mlxcore.engine.adapters import adapters_of
+from mlxcore.routes import ADMIN_OPTION
 from mlxcore.server.errors import APIError
 from mlxcore.server.metrics import MODEL_STATES
 from mlxcore.server.openapi import (
@@ -156,7 +157,7 @@ async def retrieve_model(
 @post(
     _paths("/load"),
     status_code=200,
-    opt={REPLIES_OPTION: {200: reply("loaded", MODEL_STATE)}},
+    opt={ADMIN_OPTION: True, REPLIES_OPTION: {200: reply("loaded", MODEL_STATE)}},
 )
 async def load_model(
     request: Request[Any, Any, Any], model_id: str, owner: str | None = None
@@ -172,6 +173,7 @@ async def load_model(
     _paths("/unload"),
     status_code=200,
     opt={
+        ADMIN_OPTION: True,
         REPLIES_OPTION: {200: reply("unloaded", MODEL_STATE)},
         ERRORS_OPTION: {409: "the model has requests in flight"},
     },
@@ -202,7 +204,7 @@ def _set_pin(request: Request[Any, Any, Any], model_id: str, pinned: bool) -> di
 @post(
     _paths("/pin"),
     status_code=200,
-    opt={REPLIES_OPTION: {200: reply("pinned", MODEL_STATE)}},
+    opt={ADMIN_OPTION: True, REPLIES_OPTION: {200: reply("pinned", MODEL_STATE)}},
 )
 async def pin_model(
     request: Request[Any, Any, Any], model_id: str, owner: str | None = None
@@ -215,7 +217,7 @@ async def pin_model(
 @post(
     _paths("/unpin"),
     status_code=200,
-    opt={REPLIES_OPTION: {200: reply("unpinned", MODEL_STATE)}},
+    opt={ADMIN_OPTION: True, REPLIES_OPTION: {200: reply("unpinned", MODEL_STATE)}},
 )
 async def unpin_model(
     request: Request[Any, Any, Any], model_id: str, owner: str | None = None

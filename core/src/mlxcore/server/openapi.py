@@ -20,7 +20,7 @@ import attrs
 import msgspec
 
 import mlxcore
-from mlxcore.routes import http_routes
+from mlxcore.routes import ADMIN_OPTION, http_routes
 
 BODY_OPTION = "body"
 """Handler ``opt`` key naming the msgspec struct a route decodes its JSON body into."""
@@ -271,6 +271,10 @@ def _bound_lengths(node: Any, lengths: dict[str, int]) -> None:
             _bound_lengths(value, lengths)
 
 
+ADMIN_EXTENSION = "x-mlxcore-admin"
+"""An operation's flag in the document: an administrative route (an admin key's only)."""
+
+
 def openapi_document(
     handlers: Iterable[Any], title: str = "mlxcore", limits: ModelLimits | None = None
 ) -> dict[str, Any]:
@@ -310,6 +314,9 @@ def openapi_document(
                 "503": _error("overloaded or restarting; retry after Retry-After seconds"),
             },
         }
+        if handler.opt.get(ADMIN_OPTION):
+            operation[ADMIN_EXTENSION] = True
+            operation["responses"]["403"] = _error("an ordinary API key (not an admin one)")
         for status, why in handler.opt.get(ERRORS_OPTION, {}).items():
             operation["responses"][str(status)] = _error(why)
         for status, answer in handler.opt.get(REPLIES_OPTION, {}).items():

@@ -45,7 +45,7 @@ from mlxcore.request_builder import Generation
 from mlxcore.runtime import Runtime
 from mlxcore.server.disconnect import unless_disconnected
 from mlxcore.server.errors import APIError, from_domain, overloaded
-from mlxcore.server.keys import charge_current, current_key, request_priority
+from mlxcore.server.keys import ApiKey, charge_current, current_key, request_priority
 from mlxcore.server.metrics import Metrics
 from mlxcore.server.request_ids import HttpRequestInfo, current_http
 
@@ -197,6 +197,14 @@ class GenerationService:
         timeline = _Timeline(current_http.get())
         model = self.adapter or (self.names[0] if self.names else "")
 
+        running: list[ApiKey | None] = []
+
+        def release() -> None:
+            while running:
+                entered = running.pop()
+                if entered is not None:
+                    entered.leave()
+
         def deliver(event: Event) -> None:
             # Accounted here, not by the consumer: a request whose client went away
             # (cancelled) still counts as finished.
@@ -211,7 +219,9 @@ class GenerationService:
                     ttft=None if first is None else first - gen.created_at,
                     model=model,
                     request_id=gen.request.request_id,
+                    tenant=gen.request.tenant,
                 )
+                release()
                 self.runtime.hooks.request_finished(timeline.record(gen.request, model, event))
                 if not admission.done():
                     admission.set_result(event)
@@ -232,17 +242,26 @@ class GenerationService:
 
         if self.adapter is not None:
             gen.request = self._adapted(gen.request)
-        priority = request_priority(gen.request.priority, current_key.get())
-        http = current_http.get()
-        trace_id = http.request_id if http is not None else ""
-        if priority != gen.request.priority or trace_id != gen.request.trace_id:
-            gen.request = attrs.evolve(gen.request, priority=priority, trace_id=trace_id)
+        key = current_key.get()
+        gen.request = _as_tenants(gen.request, key)
+        if key is not None and not key.enter():
+            self.metrics.rejected.labels(reason="limited").inc()
+            raise APIError(
+                429,
+                f"API key {key.name!r} already has {key.max_concurrent} requests running "
+                "(its max_concurrent); retry when one finishes",
+                code="rate_limit_exceeded",
+                headers={"Retry-After": "1"},
+            )
+        running.append(key)  # the key's count of running requests, left at the finish
         try:
             handle = self.runtime.engine.submit(gen.request, sink, on_admitted)
         except (EngineOverloaded, EngineUnavailable) as exc:
+            release()
             self.metrics.rejected.labels(reason="overloaded").inc()
             raise overloaded(str(exc)) from None
         except RequestRejected as exc:
+            release()
             self.metrics.rejected.labels(reason="invalid").inc()
             raise APIError(400, exc.message, param=exc.field, code=exc.code) from None
         gen.handle = handle
@@ -399,6 +418,28 @@ class _Timeline:
             extra=dict(usage.extra),
             steps=tuple(usage.steps),
         )
+
+
+def _as_tenants(request: GenerationRequest, key: ApiKey | None) -> GenerationRequest:
+    """``request`` as its API key's: the key's priority level at best, its name for fair
+    admission, its cache scope for the prefix cache (:mod:`mlxcore.server.tenants`); and
+    the HTTP request's id for the engine's log lines."""
+    priority = request_priority(request.priority, key)
+    http = current_http.get()
+    trace_id = http.request_id if http is not None else ""
+    tenant = key.name if key is not None else None
+    scope = key.cache_scope if key is not None else None
+    changed = (priority, trace_id, tenant, scope) != (
+        request.priority,
+        request.trace_id,
+        request.tenant,
+        request.cache_scope,
+    )
+    if not changed:
+        return request
+    return attrs.evolve(
+        request, priority=priority, trace_id=trace_id, tenant=tenant, cache_scope=scope
+    )
 
 
 def _log_finished(gen: Generation, event: FinishEvent) -> None:

@@ -84,6 +84,7 @@ def request_spec(
         thinking_budget=body.thinking.budget_tokens
         if body.thinking is not None and body.thinking.type == "enabled"
         else None,
+        cache_salt=body.cache_salt,
     )
 
 

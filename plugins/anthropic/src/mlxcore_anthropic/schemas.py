@@ -6,6 +6,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 
+from mlxcore.builtin.openai.schemas import CacheSalt
 from mlxcore.server.openapi import given, implies
 
 _TEXT = {"type": "object", "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
@@ -132,6 +133,9 @@ class MessagesRequest(msgspec.Struct, kw_only=True):
     tool_choice: Annotated[ToolChoice | None, msgspec.Meta(extra_json_schema=_TOOL_CHOICE)] = None
     thinking: Thinking | None = None
     metadata: dict[str, Any] | None = None
+    cache_salt: CacheSalt | None = None
+    """vLLM's ``cache_salt`` (mlxcore's extension here): cached prefixes are reused only
+    under the same salt."""
 
 
 class CountTokensRequest(msgspec.Struct, kw_only=True):

@@ -28,6 +28,7 @@ from mlxcore.server.openapi import (
     obj,
     reply,
 )
+from mlxcore.server.tenants import current_owner
 from mlxcore_batch.runner import Runner
 from mlxcore_batch.store import Store, new_id
 
@@ -126,10 +127,30 @@ def _store(request: Request[Any, Any, Any]) -> Store:
 
 
 def _owner() -> str | None:
-    """The name of the request's API key (``None`` on a server without keys): the owner
-    of what it creates, and the only one whose files and batches it sees."""
+    """The request's tenant (``None`` on a server without keys): the owner of what it
+    creates, and the only one whose files and batches it sees."""
+    return current_owner()
+
+
+def _room(store: Store) -> int | None:
+    """Bytes the request's key may still store (its ``max_file_bytes`` less what its
+    files hold); ``None``: no cap."""
     key = current_key.get()
-    return key.name if key is not None else None
+    if key is None or key.max_file_bytes is None:
+        return None
+    return max(0, key.max_file_bytes - store.owner_bytes(key.name))
+
+
+def _over_quota() -> APIError:
+    key = current_key.get()
+    cap = key.max_file_bytes if key is not None else 0
+    return APIError(
+        400,
+        f"this file would take the API key's files past its max_file_bytes ({cap} bytes); "
+        "delete files it no longer needs",
+        param="file",
+        code="storage_limit_exceeded",
+    )
 
 
 def _file_not_found(file_id: str) -> APIError:
@@ -169,7 +190,10 @@ MAX_FILENAME = 255
     opt={
         FORM_OPTION: UPLOAD_FORM,
         REPLIES_OPTION: {200: reply("the file", FILE)},
-        ERRORS_OPTION: {413: "the file is larger than 1 GiB"},
+        ERRORS_OPTION: {
+            413: "the file is larger than 1 GiB",
+            400: "the file would take the key past its max_file_bytes",
+        },
     },
 )
 async def upload_file(request: Request[Any, Any, Any]) -> dict[str, Any]:
@@ -186,9 +210,14 @@ async def upload_file(request: Request[Any, Any, Any]) -> dict[str, Any]:
         raise APIError(400, "the form needs a file field", param="file")
     file_id = new_id("file-")
     path = store.path(file_id)
+    room = _room(store)
     try:
+        written = 0
         with path.open("wb") as out:
             while chunk := await upload.read(CHUNK):
+                written += len(chunk)
+                if room is not None and written > room:
+                    raise _over_quota()
                 await asyncio.to_thread(out.write, chunk)
     except BaseException:  # the client went away, the disk filled: no partial file stays
         path.unlink(missing_ok=True)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from mlxcore.server.internal import internal_client
+from mlxcore.server.tenants import on_behalf_of_header
 from mlxcore_batch.store import EVERYONE, Store, new_id
 
 log = logging.getLogger("mlxcore.plugins.batch")
@@ -259,7 +260,9 @@ class Runner:
         pending: set[asyncio.Task[None]] = set()
         saved_at = checked_at = time.monotonic()
         endpoint = batch["endpoint"]
-        async with internal_client(self.app) as client:
+        owner = await asyncio.to_thread(self.store.owner_of, batch["id"])
+        # each line is a request of the batch's owner: its key's cache, limits and stores
+        async with internal_client(self.app, headers=on_behalf_of_header(owner)) as client:
             with out_path.open("a") as out, err_path.open("a") as err:
 
                 async def one(item: dict[str, Any]) -> None:

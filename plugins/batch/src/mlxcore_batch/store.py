@@ -101,6 +101,14 @@ class Store:
             self._db.commit()
         return file_object(file_id, filename, purpose, size, created)
 
+    def owner_bytes(self, owner: Owner) -> int:
+        """Bytes of ``owner``'s files on disk (uploads and batch results)."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT COALESCE(SUM(bytes), 0) FROM files WHERE owner IS ?", (owner,)
+            ).fetchone()
+        return int(row[0])
+
     def file(self, file_id: str, owner: Owner) -> dict[str, Any] | None:
         """A file's object, or None (also when ``owner`` does not own it)."""
         columns = "id, filename, purpose, bytes, created_at"

@@ -71,8 +71,11 @@ def _arrays(cache: LayerCache) -> list[mx.array]:
 
 def _storable(tokens: Sequence[int]) -> bool:
     """True for token ids a disk entry can hold (int32): a media prompt's cache key
-    holds ids derived from its images' hashes, which stay in memory only."""
-    return min(tokens) >= 0 and max(tokens) < 2**31
+    holds ids derived from its images' hashes, and a LoRA adapter's requests an id for
+    the adapter's weights, which stay in memory only; a cache partition's markers (a
+    key's or a salt's, :mod:`mlxcore.engine.cache_partition`) are negative int32 ids and
+    go to disk with the rest."""
+    return min(tokens) >= -(2**31) and max(tokens) < 2**31
 
 
 class DiskTieredCache(CacheStrategy):

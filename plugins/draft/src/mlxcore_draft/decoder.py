@@ -92,7 +92,8 @@ class DraftDecoder(TargetVerifiedDecoder):
 
     def make_side_cache(self, seq: DecodeSequence) -> list[Any]:
         context = seq.tokens[:-1]
-        reused, stored = (0, None) if self.prefixes is None else self.prefixes.take(context)
+        keyed = seq.request.keyed(context)  # each cache partition finds only its own
+        reused, stored = (0, None) if self.prefixes is None else self.prefixes.take(keyed)
         cache = stored if stored is not None else make_prompt_cache(self.draft)
         trunk = self.drafter.trunk
         self.draft_prefilled += len(context) - reused
@@ -123,7 +124,7 @@ class DraftDecoder(TargetVerifiedDecoder):
         if any(layer.offset < valid for layer in extracted):
             return  # not the shape this decoder keeps: store nothing rather than guess
         layers = [trimmed(layer, valid) for layer in extracted]
-        if self.prefixes.put(seq.tokens[:valid], layers):
+        if self.prefixes.put(seq.request.keyed(seq.tokens[:valid]), layers):
             # computed now, beside the batch: an entry must not hold a graph on this
             # thread's stream (a restarted engine runs on another)
             mx.async_eval(*(a for layer in layers for a in (layer.keys, layer.values)))

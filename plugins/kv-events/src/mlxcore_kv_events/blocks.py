@@ -50,6 +50,16 @@ def block_hash(parent: int | None, tokens: np.ndarray) -> int:
     return int.from_bytes(digest.digest(), "little") >> 1
 
 
+def announced(tokens: Sequence[int] | np.ndarray) -> bool:
+    """Whether a path whose first tokens are ``tokens`` is announced: not when it starts
+    with a negative id, a cache partition's marker (an API key's or a ``cache_salt``'s,
+    :mod:`mlxcore.engine.cache_partition`) or a LoRA adapter's. The router matches the
+    token ids it renders for a request against the announced ones, so it would credit
+    one key's blocks to another key's request; unannounced, it scores those requests by
+    load and session affinity alone."""
+    return len(tokens) == 0 or int(tokens[0]) >= 0
+
+
 def chain_of(tokens: Sequence[int] | np.ndarray, block_size: int) -> list[Block]:
     """The complete blocks of a token sequence from the prompt's start, chained."""
     tokens = np.asarray(tokens)
@@ -111,6 +121,8 @@ class BlockMirror:
         tokens = np.concatenate(
             [_tail(node.parent, node.start - first * size), node.tokens[: last * size - node.start]]
         )
+        if first == 0 and not announced(tokens):
+            return  # nor are the blocks after it: their parent is not known
         blocks: list[Block] = []
         for index in range(last - first):
             run = tokens[index * size : (index + 1) * size]

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from mlxcore_kv_events.blocks import Block, chain_of
+from mlxcore_kv_events.blocks import Block, announced, chain_of
 
 if TYPE_CHECKING:
     from mlxcore.engine.prefix_tree import TierEntries
@@ -81,7 +81,7 @@ class TierMirror:
         fresh = {
             key: chain_of(tokens, self.block_size)
             for key, tokens in (now or {}).items()
-            if key not in self.tokens
+            if key not in self.tokens and announced(tokens)
         }
         with self.publisher.lock:
             if now is None:

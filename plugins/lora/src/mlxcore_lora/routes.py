@@ -22,6 +22,7 @@ from litestar.handlers import HTTPRouteHandler
 
 from mlxcore.engine.adapters import ADAPTER_OPTION, adapters_of
 from mlxcore.engine.engine import Engine
+from mlxcore.routes import ADMIN_OPTION
 from mlxcore.server.errors import APIError, invalid
 from mlxcore.server.frontend import decode_body
 from mlxcore.server.openapi import BODY_OPTION, ERRORS_OPTION, REPLIES_OPTION, STRING, obj, reply
@@ -95,6 +96,7 @@ def _remove_if_idle(engine: Engine, bank: AdapterBank, name: str, key: int) -> b
     "/v1/load_lora_adapter",
     status_code=200,
     opt={
+        ADMIN_OPTION: True,
         BODY_OPTION: LoadAdapterRequest,
         REPLIES_OPTION: {200: reply("the adapter, served from now on", ADAPTER)},
         ERRORS_OPTION: {409: "an adapter or model of that name is served already"},
@@ -129,6 +131,7 @@ async def load_lora_adapter(request: Request[Any, Any, Any]) -> dict[str, Any]:
     "/v1/unload_lora_adapter",
     status_code=200,
     opt={
+        ADMIN_OPTION: True,
         BODY_OPTION: UnloadAdapterRequest,
         REPLIES_OPTION: {200: reply("the adapter, no longer served", ADAPTER)},
         ERRORS_OPTION: {409: "the adapter's requests kept running"},

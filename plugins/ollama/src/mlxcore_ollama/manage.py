@@ -25,6 +25,7 @@ from mlxcore.errors import ModelLoadError
 from mlxcore.models import manager
 from mlxcore.models.catalog import CatalogEntry, ModelSpec
 from mlxcore.models.download import DownloadError
+from mlxcore.routes import ADMIN_OPTION
 from mlxcore.server.errors import APIError, overloaded
 from mlxcore.server.frontend import decode_body
 from mlxcore.server.openapi import BODY_OPTION, ERRORS_OPTION, REPLIES_OPTION, reply
@@ -116,9 +117,10 @@ async def _pulled(request: Request[Any, Any, Any], repo: str) -> AsyncIterator[d
     "/pull",
     status_code=200,
     opt={
+        ADMIN_OPTION: True,
         BODY_OPTION: PullRequest,
         REPLIES_OPTION: {200: streamed("the progress, then success", PROGRESS)},
-        ERRORS_OPTION: {403: "pulling is off (--no-ollama-pull)"},
+        ERRORS_OPTION: {403: "pulling is off (--no-ollama-pull), or not an admin key"},
     },
 )
 async def pull(request: Request[Any, Any, Any]) -> Any:
@@ -144,9 +146,13 @@ async def pull(request: Request[Any, Any, Any]) -> Any:
     "/delete",
     status_code=200,
     opt={
+        ADMIN_OPTION: True,
         BODY_OPTION: DeleteRequest,
         REPLIES_OPTION: {200: reply("deleted", STATUS)},
-        ERRORS_OPTION: {403: "deleting is off (--no-ollama-pull)", 409: "the model is in use"},
+        ERRORS_OPTION: {
+            403: "deleting is off (--no-ollama-pull), or not an admin key",
+            409: "the model is in use",
+        },
     },
 )
 async def remove(request: Request[Any, Any, Any]) -> dict[str, str]:

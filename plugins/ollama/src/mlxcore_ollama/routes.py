@@ -51,6 +51,7 @@ def _spec(
         constraint=convert.constraint(body.format),
         thinking_budget=budget,
         parse=not (isinstance(body, GenerateRequest) and body.raw),
+        cache_salt=body.cache_salt,
     )
 
 

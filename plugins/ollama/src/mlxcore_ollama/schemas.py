@@ -11,6 +11,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 
+from mlxcore.builtin.openai.schemas import CacheSalt
 from mlxcore.server.openapi import CONTEXT_TITLE, DIMENSIONS_TITLE, OBJECT, given, implies
 
 Name = Annotated[str, msgspec.Meta(min_length=1)]
@@ -97,6 +98,9 @@ class GenerationFields(msgspec.Struct, kw_only=True):
     keep_alive: KeepAlive | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=20)] | None = None
+    cache_salt: CacheSalt | None = None
+    """vLLM's ``cache_salt`` (mlxcore's extension here): cached prefixes are reused only
+    under the same salt."""
 
 
 class ChatRequest(GenerationFields, kw_only=True):

@@ -74,6 +74,7 @@ def request_spec(
         n=body.n,
         thinking_budget=convert.thinking_budget(body),
         priority=body.priority,
+        cache_salt=body.cache_salt,
         parallel_tool_calls=body.parallel_tool_calls is not False,
     )
 

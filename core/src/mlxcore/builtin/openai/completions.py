@@ -100,6 +100,7 @@ def request_specs(
             n=body.n,
             parse=False,
             priority=body.priority,
+            cache_salt=body.cache_salt,
         )
         for prompt in prompts
     ]

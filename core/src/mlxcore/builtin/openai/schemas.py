@@ -115,6 +115,11 @@ Tokens = Annotated[int, msgspec.Meta(ge=1, title=BUDGET_TITLE)]
 """A generation budget: at least one token (the model's context bounds it too)."""
 
 
+MAX_CACHE_SALT = 128
+"""The longest ``cache_salt``, in characters."""
+CacheSalt = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_CACHE_SALT)]
+"""vLLM's ``cache_salt``: a non-empty string (see :mod:`mlxcore.engine.cache_partition`)."""
+
 SEED = msgspec.Meta(extra_json_schema={"minimum": -(2**63), "maximum": 2**64 - 1})
 """A seed has 64 bits, signed or not (in the schema only: msgspec's own bounds stop at
 int64; the request converter checks it)."""
@@ -136,6 +141,9 @@ class SamplerFields(msgspec.Struct, kw_only=True):
     n: Annotated[int, _range(1, MAX_N)] = 1
     priority: Annotated[int, _range(-(2**31), 2**31 - 1)] | None = None
     """vLLM's: where the request queues (lower starts first; see docs/generation-controls.md)."""
+    cache_salt: CacheSalt | None = None
+    """vLLM's: the request reuses only cached prefixes computed with the same salt (and,
+    on a server with keys, by the same key or cache group)."""
 
 
 class SamplingFields(SamplerFields, kw_only=True):

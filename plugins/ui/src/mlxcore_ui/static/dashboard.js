@@ -98,10 +98,13 @@ function modelAction(model, action, label) {
   return button;
 }
 
-function renderModels(models) {
+// Loading, pinning, pulling and removing models are an admin key's (403 for another):
+// their controls are shown to an admin key only (or on a server without keys).
+function renderModels(models, admin) {
+  $("pull-form").hidden = !admin;
   const rows = models.map((m) => {
     const actions = el("span", null, "actions");
-    if (!m.parent) {
+    if (admin && !m.parent) {
       if (m.state === "loaded") actions.append(modelAction(m, "unload", "Unload"));
       else if (m.state !== "loading") actions.append(modelAction(m, "load", "Load"));
       actions.append(modelAction(m, m.pinned ? "unpin" : "pin", m.pinned ? "Unpin" : "Pin"));
@@ -253,13 +256,14 @@ async function health() {
 
 export async function refresh() {
   try {
-    const [h, models, json, recent] = await Promise.all([
+    const [h, models, json, recent, me] = await Promise.all([
       health(),
       api("/v1/models"),
       api("/metrics/json"),
       history(),
+      api("/v1/me"),
     ]);
-    renderModels(models.data);
+    renderModels(models.data, me.role === "admin");
     renderMetrics(h, json);
     renderHistory(recent);
     $("dash-status").textContent = `updated ${new Date().toLocaleTimeString()}`;

@@ -42,6 +42,7 @@ from mlxcore.server.frontend import (
     model_service,
     served_name,
 )
+from mlxcore.server.keys import KeyTable
 from mlxcore.server.openapi import (
     BODY_OPTION,
     ERRORS_OPTION,
@@ -51,6 +52,7 @@ from mlxcore.server.openapi import (
 )
 from mlxcore.server.service import Generation, GenerationService
 from mlxcore.server.sse import EventStream, event_stream
+from mlxcore.server.tenants import current_owner, owned
 
 THINKING_OFF_EFFORTS = ("none", "minimal")
 """``reasoning.effort`` values that turn the template's thinking switch off."""
@@ -74,19 +76,28 @@ class Running:
 
 
 def store_of(request: Request[Any, Any, Any]) -> ResponseStore:
-    """The app's response store (made on first use from the server's settings)."""
+    """The app's response store (made on first use from the server's settings; each
+    key's own cap from the keys file)."""
     state = request.app.state
     if "responses_store" not in state:
         config = request.app.state.config
-        state["responses_store"] = ResponseStore(config.responses_store_size, config.responses_ttl)
+        keys: KeyTable | None = getattr(state, "api_keys", None)
+
+        def cap(owner: str | None) -> int | None:
+            key = keys.named(owner) if keys is not None and owner is not None else None
+            return key.max_stored_bytes if key is not None else None
+
+        state["responses_store"] = ResponseStore(
+            config.responses_store_size, config.responses_ttl, cap=cap
+        )
         state["responses_running"] = {}
     return cast(ResponseStore, state["responses_store"])
 
 
-def running_of(request: Request[Any, Any, Any]) -> dict[str, Running]:
-    """Responses in progress, by id."""
+def running_of(request: Request[Any, Any, Any]) -> dict[tuple[str | None, str], Running]:
+    """Responses in progress, by owner and id (:func:`~mlxcore.server.tenants.owned`)."""
     store_of(request)
-    return cast(dict[str, Running], request.app.state["responses_running"])
+    return cast(dict[tuple[str | None, str], Running], request.app.state["responses_running"])
 
 
 def _with_ids(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -206,6 +217,7 @@ def prepare(
         constraint=constraint,
         thinking_budget=_effort_budget(body),
         priority=body.priority,
+        cache_salt=body.cache_salt,
     )
     (generation,) = builder.build_generations(svc.runtime, spec)
     return Prepared(generation, _with_ids(given), namespaces)
@@ -289,9 +301,10 @@ async def create_response(request: Request[Any, Any, Any]) -> Any:
     body, extras = await decode_request(request, ResponsesRequest)
     svc = await model_service(request, body.model)
     store = store_of(request)
+    owner = current_owner()
     history: list[dict[str, Any]] = []
     if body.previous_response_id:
-        history = store.conversation(body.previous_response_id, "previous_response_id")
+        history = store.conversation(body.previous_response_id, "previous_response_id", owner)
     prepared = await svc.prepare(prepare, svc, body, extras, history)
     gen = prepared.generation
     deltas = await unless_disconnected(request, svc.start(gen))
@@ -299,23 +312,23 @@ async def create_response(request: Request[Any, Any, Any]) -> Any:
     rid = gen.request.request_id
     response = base_response(body, rid, model, body.tools or [])
     running = running_of(request)
-    running[rid] = Running(response, gen)
+    running[owned(rid)] = Running(response, gen)
     encrypted = "reasoning.encrypted_content" in (body.include or [])
     writer = OutputWriter(namespaces=prepared.namespaces, encrypted_reasoning=encrypted)
 
     def finished(finish: str | None) -> dict[str, Any]:
-        running.pop(rid, None)
+        running.pop((owner, rid), None)
         final = _final(svc, response, writer, gen, finish)
         if body.store:  # instructions are per request: never carried to the next turn
-            store.put(final, prepared.input_items, writer.output, body.previous_response_id)
+            store.put(final, prepared.input_items, writer.output, body.previous_response_id, owner)
         return final
 
     if body.stream:
-        return _stream(writer, response, deltas, finished, lambda: running.pop(rid, None))
+        return _stream(writer, response, deltas, finished, lambda: running.pop((owner, rid), None))
     try:
         collected = await unless_disconnected(request, _all(deltas))
     finally:
-        running.pop(rid, None)
+        running.pop((owner, rid), None)
     finish = None
     for delta in collected:
         writer.write(delta)
@@ -386,13 +399,14 @@ async def stored_response(request: Request[Any, Any, Any], response_id: str) -> 
     """``GET``: a stored response (or one still running, as it stands). ``DELETE``: forget
     a stored response. (One handler for both: Litestar's ``Allow`` header lists the
     methods of the first handler of a path only.)"""
+    owner = current_owner()
     if request.method == "DELETE":
-        store_of(request).delete(response_id)
+        store_of(request).delete(response_id, owner)
         return {"id": response_id, "object": "response.deleted", "deleted": True}
-    current = running_of(request).get(response_id)
+    current = running_of(request).get(owned(response_id))
     if current is not None:
         return current.response
-    return store_of(request).get(response_id).response
+    return store_of(request).get(response_id, owner=owner).response
 
 
 @post(
@@ -405,9 +419,9 @@ async def stored_response(request: Request[Any, Any, Any], response_id: str) -> 
 )
 async def cancel_response(request: Request[Any, Any, Any], response_id: str) -> dict[str, Any]:
     """Stop a response that is still being generated; it ends as ``cancelled``."""
-    current = running_of(request).get(response_id)
+    current = running_of(request).get(owned(response_id))
     if current is None:
-        store_of(request).get(response_id)  # 404 when unknown
+        store_of(request).get(response_id, owner=current_owner())  # 404 when unknown
         raise APIError(
             409,
             "only a response still in progress can be cancelled",
@@ -442,7 +456,7 @@ async def list_input_items(
         raise invalid("limit must be between 1 and 100", "limit")
     if order not in ("asc", "desc"):
         raise invalid("order must be asc or desc", "order")
-    data = list(store_of(request).get(response_id).input_items)
+    data = list(store_of(request).get(response_id, owner=current_owner()).input_items)
     if order == "desc":
         data.reverse()
     if after is not None:
