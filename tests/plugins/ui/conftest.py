@@ -49,8 +49,8 @@ def ui_server(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Server:
     """Two chat models (``qwen``, the default, and ``llama``), both scripted (a request's
-    ``test_script`` is what the model writes), behind an admin API key (and an ordinary one, :data:`USER_KEY`); its Hugging Face Hub
-    is ``ui_hub`` (and a cache of its own)."""
+    ``test_script`` is what the model writes), behind an admin API key (and an ordinary
+    one, :data:`USER_KEY`); its Hugging Face Hub is ``ui_hub`` (and a cache of its own)."""
     folder = tmp_path_factory.mktemp("ui-models")
     keys = folder / "keys.toml"
     keys.write_text(f'[keys.viewer]\nkey = "{USER_KEY}"\n')
