@@ -249,3 +249,26 @@ def test_the_disk_tier_is_announced_and_still_is_after_a_restart(
         assert disk_blocks() == first  # known before any request
     finally:
         restarted.engine.shutdown()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_partitioned_paths_are_never_announced(seed: int) -> None:
+    """A path that starts with a cache partition's marker (an API key's or a salt's,
+    negative ids) is not announced, nor is anything below it: the router would credit one
+    key's blocks to another key's prompt. Unpartitioned paths still are, exactly."""
+    rng = random.Random(seed)
+    recorder = Recorder()
+    tree = PrefixTree(_split, needs_snapshots=False)
+    mirror = BlockMirror(recorder, BLOCK)  # type: ignore[arg-type]
+    tree.watchers.append(mirror)
+    markers = [-7, -1 - 2**30]
+    for step in range(200):
+        if rng.random() < 0.85:
+            head = [rng.choice(markers), -3] if rng.random() < 0.5 else []
+            tokens = head + [rng.randrange(5) for _ in range(rng.randrange(1, 14))]
+            tree.insert(np.array(tokens), lambda start, stop: ((start, stop), stop - start))
+        else:
+            tree.evict_entries(max(0, len(tree.nodes) - rng.randrange(1, 4)))
+        shared = [n.path_tokens() for n in tree if n.path_tokens()[0] >= 0]
+        assert recorder.live == blocks_of(shared), f"step {step}"
+        assert all(token >= 0 for _, run in recorder.live.values() for token in run)
