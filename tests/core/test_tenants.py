@@ -254,3 +254,41 @@ def test_reading_the_file_again_keeps_counters_and_drops_removed_keys(tmp_path: 
     without = KeyTable.from_config(("sk",), None)
     with pytest.raises(UsageError, match="no --api-keys-file"):
         without.reload()
+
+
+def test_another_keys_request_starts_in_a_batch_one_key_fills(tiny_llama: Path) -> None:
+    """Key a fills the batch (2 rows) and queues more; key b's request starts at once and
+    ends long before a's first rows; a's queued ones wait for free rows."""
+    import queue
+
+    from mlxcore.engine.events import Event, FinishEvent, TokenEvent
+    from mlxcore.engine.request import SamplingParams
+    from mlxcore.testing.runtime import make_runtime
+
+    rt = make_runtime(tiny_llama, max_num_seqs=2)
+
+    def request(tenant: str, tokens: int) -> GenerationRequest:
+        greedy = SamplingParams(temperature=0.0)
+        return GenerationRequest((1, 2, 3, 4), tokens, greedy, tenant=tenant)
+
+    order: list[str] = []
+    try:
+        events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        first: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        for i in range(5):
+            rt.engine.submit(
+                request("a", 300),
+                lambda e, i=i: (
+                    order.append(f"a{i}") if isinstance(e, FinishEvent) else first.put(e)
+                ),
+            )
+        assert isinstance(first.get(timeout=60), TokenEvent)  # a's first rows run
+        assert rt.engine.stats()["requests_waiting"] == 3
+        rt.engine.submit(request("b", 4), events.put, lambda: order.append("b admitted"))
+        while not isinstance(events.get(timeout=60), FinishEvent):
+            pass
+        order.append("b")
+        assert order[:2] == ["b admitted", "b"], order  # no row of a finished before
+        assert rt.engine.stats()["requests_running"] <= 2  # back within the batch
+    finally:
+        rt.engine.shutdown(timeout=5)

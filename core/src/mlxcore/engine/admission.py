@@ -23,6 +23,7 @@ from mlxcore.engine.jobs import JobQueue, ModelJob
 from mlxcore.engine.loop import BatchLoop
 from mlxcore.engine.memory import MemoryBudget
 from mlxcore.engine.prefix_pool import PoolSeat
+from mlxcore.engine.turns import take_turns
 from mlxcore.errors import MlxcoreError
 
 log = logging.getLogger("mlxcore.engine.engine")
@@ -74,16 +75,9 @@ def admission_order(
 
 
 def round_robin(handles: Sequence[RequestHandle]) -> list[RequestHandle]:
-    """``handles`` (in arrival order) taken in turns across tenants: every tenant's
-    first, in the order of their first arrivals, then every tenant's second, ..."""
-    turn: dict[str | None, int] = {}
-    keyed = []
-    for index, handle in enumerate(handles):
-        tenant = handle.request.tenant
-        keyed.append((turn.get(tenant, 0), index, handle))
-        turn[tenant] = turn.get(tenant, 0) + 1
-    keyed.sort(key=lambda item: item[:2])
-    return [item[2] for item in keyed]
+    """``handles`` (in arrival order) taken in turns across tenants
+    (:func:`~mlxcore.engine.turns.take_turns`)."""
+    return take_turns(handles, lambda handle: handle.request.tenant)
 
 
 @attrs.define(eq=False)

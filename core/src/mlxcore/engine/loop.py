@@ -64,6 +64,7 @@ from mlxcore.engine.strategies import (
     SequenceCache,
     StepToken,
 )
+from mlxcore.engine.turns import take_turns
 from mlxcore.errors import MlxcoreError, RequestFault
 
 log = logging.getLogger(__name__)
@@ -282,9 +283,8 @@ class BatchLoop:
 
         spent = 0
         while True:
-            plan = plan_step(
-                self.prefilling, is_short, paced, self.prefill_batch_size, self.shorts_in_a_row
-            )
+            queue = take_turns(self.prefilling, lambda live: live.request.tenant)
+            plan = plan_step(queue, is_short, paced, self.prefill_batch_size, self.shorts_in_a_row)
             if plan is None or (spent and not plan.short):
                 return -1 if spent else 0
             group: list[AdmittedRequest] = plan.group  # type: ignore[assignment]
