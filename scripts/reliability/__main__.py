@@ -7,6 +7,7 @@ prints the figures docs/reliability.md records, writes them as JSON (``--out``) 
 exits non-zero when any part found a defect. ``--smoke`` is a two-minute subset.
 
     .venv/bin/python scripts/reliability [--smoke] [--soak-seconds 600] [--out FILE]
+        [--keys N]
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ import httpx
 import load
 from common import (
     MemorySampler,
+    auth,
     greedy_reference,
+    keys_flags,
     mb,
     metrics,
     report,
@@ -99,8 +102,9 @@ def empty_hub(logs: Path) -> Any:
 def run_fuzz(logs: Path, model: str | None, total: int) -> dict[str, Any]:
     with offline_hub(logs), serving(logs, model, *LORA_ARGS, *SERVE_ARGS) as server:
         before = greedy_reference(server)
-        document = httpx.get(f"{server.base_url}/openapi.json", timeout=30).json()
-        served = httpx.get(f"{server.base_url}/v1/models", timeout=30).json()["data"][0]["id"]
+        document = httpx.get(f"{server.base_url}/openapi.json", timeout=30, auth=auth()).json()
+        models = httpx.get(f"{server.base_url}/v1/models", timeout=30, auth=auth())
+        served = models.json()["data"][0]["id"]
         requests = fuzz.cases(document, total, seed=2026, served=served)
         started = time.monotonic()
         statuses, problems = asyncio.run(fuzz.send_all(server.base_url, requests, 16))
@@ -298,15 +302,25 @@ def main(argv: list[str] | None = None) -> int:
         help="serve no LoRA adapter (by default the fuzz, load and soak servers serve one, "
         "and the load mix asks for it)",
     )
+    parser.add_argument(
+        "--keys",
+        type=int,
+        default=0,
+        metavar="N",
+        help="serve N API keys (the first an admin) and split every client's requests "
+        "over them in turn (docs/security.md); the contract run uses an ordinary one",
+    )
     args = parser.parse_args(argv)
     SERVE_ARGS[:] = args.serve_arg
-    results_flags = {"serve_args": list(args.serve_arg)}
+    results_flags = {"serve_args": list(args.serve_arg), "keys": args.keys}
     if args.smoke:
         args.fuzz_requests, args.soak_seconds, args.contract_examples = 300, 30.0, 10
     waves, storm = ([50], 30) if args.smoke else ([200, 500], 100)
     results: dict[str, Any] = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), **results_flags}
     with tempfile.TemporaryDirectory(prefix="mlxcore-reliability-") as tmp:
         logs = Path(tmp)
+        if args.keys:
+            SERVE_ARGS.extend(keys_flags(logs, args.keys))
         if not args.no_lora:
             LORA_ARGS[:] = lora_args(logs, args.model)
             results["lora"] = {"adapter": load.ADAPTER}

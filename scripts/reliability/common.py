@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -15,6 +16,47 @@ import httpx
 import psutil
 
 from mlxcore.testing.server import Server, ServerPool
+
+KEYS: list[str] = []
+"""API keys the run's clients send, in turn (``--keys N``; empty: a server without keys).
+The first is an admin key, the others ordinary ones."""
+
+
+class RotatingKeys(httpx.Auth):
+    """Each request with the next of :data:`KEYS` (so fuzz, load and soak traffic is
+    split over the keys: several tenants at once)."""
+
+    def __init__(self) -> None:
+        self._next = itertools.count()
+
+    def auth_flow(self, request: httpx.Request) -> Iterator[httpx.Request]:
+        if KEYS:
+            key = KEYS[next(self._next) % len(KEYS)]
+            request.headers["Authorization"] = f"Bearer {key}"
+        yield request
+
+
+_SHARED_AUTH = RotatingKeys()
+
+
+def auth() -> httpx.Auth:
+    """The clients' authentication: the keys in turn (nothing without keys)."""
+    return _SHARED_AUTH
+
+
+def keys_flags(logs: Path, count: int) -> list[str]:
+    """Write a keys file of ``count`` keys (the first an admin) into ``logs``, fill
+    :data:`KEYS`, and return the ``mlxcore serve`` flags that use it."""
+    lines = []
+    KEYS.clear()
+    for i in range(count):
+        KEYS.append(f"sk-reliability-{i}")
+        role = 'role = "admin"\n' if i == 0 else ""
+        lines.append(f'[keys.k{i}]\nkey = "{KEYS[-1]}"\n{role}')
+    path = logs / "keys.toml"
+    path.write_text("\n".join(lines))
+    return ["--api-keys-file", str(path)]
+
 
 OPENAI_ROUTES = ("/v1/chat/completions", "/v1/completions")
 ANTHROPIC_ROUTES = ("/v1/messages", "/v1/messages/count_tokens")
@@ -79,7 +121,7 @@ def rss(server: Server) -> int:
 
 def metrics(server: Server) -> dict[str, float]:
     """``/metrics`` as name -> value (labels dropped, last value wins)."""
-    text = httpx.get(f"{server.base_url}/metrics", timeout=30).text
+    text = httpx.get(f"{server.base_url}/metrics", timeout=30, auth=auth()).text
     out: dict[str, float] = {}
     for line in text.splitlines():
         if not line or line.startswith("#"):
@@ -207,7 +249,7 @@ def greedy_reference(server: Server) -> str:
         "max_tokens": 24,
         "temperature": 0,
     }
-    r = httpx.post(f"{server.v1}/chat/completions", json=body, timeout=120)
+    r = httpx.post(f"{server.v1}/chat/completions", json=body, timeout=120, auth=auth())
     r.raise_for_status()
     text: str = r.json()["choices"][0]["message"]["content"]
     return text
@@ -217,8 +259,13 @@ def sampled_works(server: Server) -> bool:
     """An unseeded sampled request (chat and messages) still succeeds."""
     chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "top_k": 40}
     msg = {**chat, "max_tokens": 8, "temperature": 0.9}
-    a = httpx.post(f"{server.v1}/chat/completions", json={**chat, "temperature": 1.0}, timeout=120)
-    b = httpx.post(f"{server.v1}/messages", json=msg, timeout=120)
+    a = httpx.post(
+        f"{server.v1}/chat/completions",
+        json={**chat, "temperature": 1.0},
+        timeout=120,
+        auth=auth(),
+    )
+    b = httpx.post(f"{server.v1}/messages", json=msg, timeout=120, auth=auth())
     return a.status_code == 200 and b.status_code == 200
 
 

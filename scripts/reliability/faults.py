@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 import httpx
+from common import auth
 
 WATCHDOG = 5.0
 CHAT = "/v1/chat/completions"
@@ -70,7 +71,7 @@ async def _recovers(client: httpx.AsyncClient, seconds: float = 30.0) -> float |
 async def scenario(base: str, fault: str) -> dict[str, Any]:
     """Four ordinary streams, then one request with ``fault``; what happened to each."""
     problems: list[str] = []
-    async with httpx.AsyncClient(base_url=base, timeout=60) as client:
+    async with httpx.AsyncClient(base_url=base, auth=auth(), timeout=60) as client:
         others = [
             asyncio.ensure_future(_run(client, _body(f"Count to ten, take {i}.", 48)))
             for i in range(4)

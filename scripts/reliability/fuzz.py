@@ -16,7 +16,7 @@ import random
 from typing import Any
 
 import httpx
-from common import error_shape_problem, retry_problem, stream_problem
+from common import auth, error_shape_problem, retry_problem, stream_problem
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
@@ -242,7 +242,7 @@ async def send_all(
     for req in requests:
         queue.put_nowait(req)
     limits = httpx.Limits(max_connections=concurrency)
-    async with httpx.AsyncClient(base_url=base, timeout=300, limits=limits) as client:
+    async with httpx.AsyncClient(base_url=base, auth=auth(), timeout=300, limits=limits) as client:
 
         async def worker() -> None:
             while not queue.empty():

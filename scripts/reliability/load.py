@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 import httpx
-from common import RETRY_STATUSES, retry_problem, stream_problem
+from common import RETRY_STATUSES, auth, retry_problem, stream_problem
 
 PROMPTS = [
     "Write a haiku about the sea.",
@@ -103,7 +103,7 @@ async def wave(base: str, n: int, seed: int = 0, max_tokens: int = 16) -> dict[s
     rng = random.Random(seed)
     limits = httpx.Limits(max_connections=n + 10, max_keepalive_connections=n + 10)
     started = time.monotonic()
-    async with httpx.AsyncClient(base_url=base, timeout=600, limits=limits) as client:
+    async with httpx.AsyncClient(base_url=base, auth=auth(), timeout=600, limits=limits) as client:
         results = await asyncio.gather(
             *(one(client, *request_for(i, rng, max_tokens)) for i in range(n))
         )
@@ -155,7 +155,7 @@ async def disconnect_storm(base: str, n: int, seed: int = 1) -> dict[str, Any]:
         except httpx.HTTPError as exc:
             problems.append(f"{path}: {type(exc).__name__}: {exc}")
 
-    async with httpx.AsyncClient(base_url=base, timeout=600, limits=limits) as client:
+    async with httpx.AsyncClient(base_url=base, auth=auth(), timeout=600, limits=limits) as client:
         await asyncio.gather(*(hang_up(i) for i in range(n)))
     return {"hung_up": dropped, "problems": problems}
 
@@ -169,7 +169,7 @@ async def soak(
     counts = {"ok": 0, "refused": 0, "failed": 0}
     problems: list[str] = []
     i = 0
-    async with httpx.AsyncClient(base_url=base, timeout=600) as client:
+    async with httpx.AsyncClient(base_url=base, auth=auth(), timeout=600) as client:
 
         async def worker() -> None:
             nonlocal i
