@@ -446,6 +446,7 @@ def test_a_removed_key_is_refused_after_sighup(server: Server, keys_file: Path) 
     assert good == {"object": "keys.reload", "keys": 6, "added": [], "removed": []}
 
 
+@pytest.mark.long  # two more servers: `make test-long` (the memory tier's case runs above)
 def test_partitions_hold_on_disk_and_across_a_restart(
     mlxcore_server: ServerFactory, tiny_qwen3: Path, keys_file: Path, tmp_path: Path
 ) -> None:

@@ -300,34 +300,49 @@ class FairShare:
 
     While requests of two or more tenants run or wait, each tenant's share is the batch
     divided among them. A full batch still takes a request whose tenant runs fewer than
-    its share, up to twice ``--max-num-seqs`` rows in all (and within the memory budget,
-    as always): so a key that queued hundreds of requests, holding every row, does not
+    its share and that is at least as urgent as every row running (a lower priority, and
+    background work, waits for free rows), up to twice ``--max-num-seqs`` rows in all
+    (and within the memory budget, as always): so a key that queued hundreds of requests, holding every row, does not
     make another key's request wait for its rows to finish. The batch is back within
     ``--max-num-seqs`` as the heavy tenant's rows end, since a tenant at its share only
     takes free rows.
     """
 
-    def __init__(self, running: collections.Counter[str | None], share: int, rows: int, cap: int):
+    def __init__(
+        self,
+        running: collections.Counter[str | None],
+        share: int,
+        rows: int,
+        cap: int,
+        level: int,
+    ):
         self.running, self.share, self.rows, self.cap = running, share, rows, cap
+        self.level = level
+        """The best (lowest) priority running: only a request at least as urgent may
+        take a row beyond the batch (a low-priority key's share waits for free rows)."""
 
     @classmethod
     def of(
         cls, loop: BatchLoop, waiting: Sequence[RequestHandle], max_num_seqs: int
     ) -> FairShare | None:
         """The shares now, or ``None`` while one tenant (or none) has work."""
-        running: collections.Counter[str | None] = collections.Counter(
-            live.handle.request.tenant for live in list(loop.live.values())
-        )
+        rows = [live.handle.request for live in list(loop.live.values())]
+        running: collections.Counter[str | None] = collections.Counter(r.tenant for r in rows)
         tenants = set(running) | {h.request.tenant for h in waiting}
         if len(tenants) < 2:
             return None
         share = max(1, max_num_seqs // len(tenants))
-        return cls(running, share, len(loop.live), 2 * max_num_seqs)
+        level = min((r.priority or 0 for r in rows), default=0)
+        return cls(running, share, len(rows), 2 * max_num_seqs, level)
 
     def may_start(self, handle: RequestHandle, taken: int) -> bool:
         """Whether ``handle`` may start in a full batch (``taken``: started this round)."""
-        tenant = handle.request.tenant
-        return self.rows + taken < self.cap and self.running[tenant] < self.share
+        request = handle.request
+        return (
+            self.rows + taken < self.cap
+            and self.running[request.tenant] < self.share
+            and (request.priority or 0) <= self.level
+        )
 
     def started(self, handle: RequestHandle) -> None:
         """Count ``handle`` as running."""

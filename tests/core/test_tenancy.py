@@ -62,25 +62,28 @@ def test_an_adapters_marker_stays_off_the_disk_under_a_partition() -> None:
     assert adapted.keyed([11, 12, 13, 14, 99]) == [*adapted.cache_tokens[:2], 13, 14, 99]
 
 
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5"], ids=["attention", "hybrid"])
 def test_the_radix_cache_never_resumes_from_another_partitions_prefix(
-    tiny_qwen3: Path,
+    family: str, mlxcore_model_factory: Any
 ) -> None:
+    """Segments and, on a hybrid model, recurrent snapshots alike."""
     from mlx_lm import load
     from mlx_lm.models.cache import make_prompt_cache
 
-    model, _ = load(str(tiny_qwen3))
+    model, _ = load(str(mlxcore_model_factory(family)))
     cache = RadixPrefixCache(model, size="100000")
     prompt = tuple(range(100, 164))
     alice = GenerationRequest(prompt, cache_scope="key:alice")
     state = make_prompt_cache(model)
     model(mx.array([list(prompt)]), cache=state)
     cache.store(alice.cache_tokens, state)
-    same = GenerationRequest(prompt, cache_scope="key:alice")
-    assert cache.lookup(same.cache_tokens).cached_tokens == len(prompt) - 1
+    longer = (*prompt, 7, 8)  # the next turn: it resumes where the stored one ended
+    same = GenerationRequest(longer, cache_scope="key:alice")
+    assert cache.lookup(same.cache_tokens).cached_tokens == len(prompt)
     for other in (
-        GenerationRequest(prompt, cache_scope="key:bob"),
-        GenerationRequest(prompt, cache_scope="key:alice", cache_salt="s"),
-        GenerationRequest(prompt),
+        GenerationRequest(longer, cache_scope="key:bob"),
+        GenerationRequest(longer, cache_scope="key:alice", cache_salt="s"),
+        GenerationRequest(longer),
     ):
         assert cache.lookup(other.cache_tokens).cached_tokens == 0
 
@@ -145,6 +148,9 @@ def test_a_full_batch_takes_a_key_under_its_share() -> None:
     assert not fair.may_start(waiting("a")[0], taken)  # a is over its share
     crowd = FairShare.of(_Loop(["a"] * 15), waiting(*"bcdefghijklmnopq"), 8)
     assert crowd is not None and not crowd.may_start(waiting("b")[0], 1)  # at most 2 x 8
+    low = waiting("b", priority=1)[0]  # less urgent than what runs: it waits for a row
+    assert not fair.may_start(low, 0) and not fair.may_start(waiting("c", priority=5)[0], 0)
+    assert fair.may_start(waiting("c", priority=-1)[0], 0)
 
 
 # -- stored responses per owner --------------------------------------------------------
