@@ -302,8 +302,9 @@ class FairShare:
     divided among them. A full batch still takes a request whose tenant runs fewer than
     its share and that is at least as urgent as every row running (a lower priority, and
     background work, waits for free rows), up to twice ``--max-num-seqs`` rows in all
-    (and within the memory budget, as always): so a key that queued hundreds of requests, holding every row, does not
-    make another key's request wait for its rows to finish. The batch is back within
+    (and within the memory budget, as always): so a key that queued hundreds of
+    requests, holding every row, does not make another key's request wait for its rows
+    to finish. The batch is back within
     ``--max-num-seqs`` as the heavy tenant's rows end, since a tenant at its share only
     takes free rows.
     """
