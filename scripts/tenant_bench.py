@@ -76,8 +76,19 @@ async def cache_rounds(url: str, rounds: int) -> list[dict[str, float]]:
     return rows
 
 
+B_WORDS = 0
+"""Words of context before B's question (``--b-words``; 0: a one-line question)."""
+
+
 def short(i: int) -> list[dict[str, str]]:
     return [{"role": "user", "content": f"Question {i}: name a colour and say why."}]
+
+
+def b_prompt(i: int) -> list[dict[str, str]]:
+    """B's request: its question, after ``B_WORDS`` words of its own context."""
+    context = " ".join(f"line{i}x{n} says hello" for n in range(B_WORDS // 3))
+    question = f"Question {i}: name a colour and say why."
+    return [{"role": "user", "content": f"{context}\n\n{question}" if context else question}]
 
 
 async def b_requests(url: str, key: str, count: int) -> list[float]:
@@ -125,7 +136,7 @@ async def spaced_b(url: str, key: str, count: int, gap: float) -> list[float]:
 
         async def one(i: int) -> float:
             await asyncio.sleep(i * gap)
-            return 1000 * (await stream_chat(b, target, short(1000 + i), 2)).ttft_s
+            return 1000 * (await stream_chat(b, target, b_prompt(1000 + i), 2)).ttft_s
 
         return list(await asyncio.gather(*(one(i) for i in range(count))))
 
@@ -161,8 +172,13 @@ def main() -> int:
     parser.add_argument(
         "--streamed-flood", action="store_true", help="also a run with A's requests streamed"
     )
+    parser.add_argument(
+        "--b-words", type=int, default=0, help="words of context in each of B's requests"
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    global B_WORDS
+    B_WORDS = args.b_words
     model = Path(args.model) if args.model else ensure_default_model()
     logs = Path(tempfile.mkdtemp(prefix="tenant-bench-"))
     keys = logs / "keys.toml"

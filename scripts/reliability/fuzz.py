@@ -263,6 +263,11 @@ async def send_all(
     return statuses, problems
 
 
+NEVER_STREAMED = ("/render",)
+"""Routes whose answer is JSON whatever ``stream`` says: vLLM's render API takes the
+generation's whole body and echoes ``stream`` (the document gives them no event stream)."""
+
+
 async def _one(client: httpx.AsyncClient, req: dict[str, Any]) -> tuple[str | None, int]:
     headers = {"content-type": req["type"]}
     path = req["path"]
@@ -278,9 +283,8 @@ async def _one(client: httpx.AsyncClient, req: dict[str, Any]) -> tuple[str | No
             problem = problem or error_shape_problem(path, r)
         return problem, r.status_code
     kind = r.headers.get("content-type", "")
-    if (
-        kind.startswith(("text/event-stream", "application/x-ndjson"))
-        or b'"stream": true' in req["content"]
+    if kind.startswith(("text/event-stream", "application/x-ndjson")) or (
+        b'"stream": true' in req["content"] and not path.endswith(NEVER_STREAMED)
     ):
         return stream_problem(path, r, text), r.status_code
     return None, r.status_code

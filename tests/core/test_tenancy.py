@@ -15,7 +15,7 @@ import pytest
 from mlxcore.builtin.openai.responses.store import ResponseStore
 from mlxcore.defaults.radix_cache import RadixPrefixCache
 from mlxcore.engine.adapters import adapter_request
-from mlxcore.engine.admission import FairShare, admission_order, round_robin
+from mlxcore.engine.admission import FirstRow, admission_order, round_robin
 from mlxcore.engine.cache_partition import (
     INT32_MIN,
     partition_markers,
@@ -134,23 +134,26 @@ class _Live:
         self.handle: Any = waiting(tenant)[0]
 
 
-def test_a_full_batch_takes_a_key_under_its_share() -> None:
+def test_a_full_batch_takes_another_keys_first_row() -> None:
     loop = _Loop(["a"] * 8)  # key a holds every row of a batch of 8
-    assert FairShare.of(loop, waiting("a"), 8) is None  # one tenant: the batch is the bound
-    fair = FairShare.of(loop, waiting("b", "b", "b", "b", "b"), 8)
-    assert fair is not None and fair.share == 4
+    assert FirstRow.of(loop, waiting("a"), 8) is None  # one tenant: the batch is the bound
+    rule = FirstRow.of(loop, waiting("b", "b", "c"), 8)
+    assert rule is not None
     b = waiting("b")[0]
-    taken = 0
-    while fair.may_start(b, taken):
-        fair.started(b)
-        taken += 1
-    assert taken == 4  # its share, then it waits for free rows like everyone
-    assert not fair.may_start(waiting("a")[0], taken)  # a is over its share
-    crowd = FairShare.of(_Loop(["a"] * 15), waiting(*"bcdefghijklmnopq"), 8)
-    assert crowd is not None and not crowd.may_start(waiting("b")[0], 1)  # at most 2 x 8
-    low = waiting("b", priority=1)[0]  # less urgent than what runs: it waits for a row
-    assert not fair.may_start(low, 0) and not fair.may_start(waiting("c", priority=5)[0], 0)
-    assert fair.may_start(waiting("c", priority=-1)[0], 0)
+    assert rule.may_start(b, 0)
+    rule.started(b)
+    assert not rule.may_start(b, 1)  # its second waits for a free row (round-robin)
+    assert not rule.may_start(waiting("a")[0], 1)  # a has rows running
+    assert rule.may_start(waiting("c")[0], 1)
+    assert not rule.may_start(waiting("c")[0], 2)  # at most 8 // 4 = 2 rows beyond 8
+    low = waiting("d", priority=1)[0]  # less urgent than what runs: it waits for a row
+    assert not rule.may_start(low, 0)
+    assert rule.may_start(waiting("d", priority=-1)[0], 0)
+    # keys that all have rows running share the batch by admission order alone
+    balanced = FirstRow.of(_Loop(["a", "b"] * 4), waiting("a", "b"), 8)
+    assert balanced is not None
+    assert not balanced.may_start(waiting("a")[0], 0)
+    assert not balanced.may_start(waiting("b")[0], 0)
 
 
 # -- stored responses per owner --------------------------------------------------------

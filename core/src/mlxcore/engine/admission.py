@@ -175,7 +175,7 @@ class Admission:
 
     def take_waiting(self, loop: BatchLoop) -> list[RequestHandle]:
         """Pop the requests that may start now, in :func:`admission_order`: a free slot
-        each (or, in a full batch, a tenant's fair share: :class:`FairShare`), and their
+        each (or, in a full batch, a tenant's first row: :class:`FirstRow`), and their
         cache fits the budget left (evicting prefix-cache entries first). The first that
         does not fit stops the round (nothing overtakes it for being smaller, so a long
         prompt is not starved)."""
@@ -183,7 +183,7 @@ class Admission:
         now = time.monotonic()
         held = self._background_held(loop, now)
         room = self.config.max_num_seqs - len(loop.live)
-        fair = FairShare.of(loop, self.waiting, self.config.max_num_seqs)
+        fair = FirstRow.of(loop, self.waiting, self.config.max_num_seqs)
         if (room <= 0 and fair is None) or not self.waiting:
             self._pausing = held and all(self._is_background(h) for h in self.waiting)
             return []
@@ -195,7 +195,7 @@ class Admission:
             if room <= 0 and (fair is None or not fair.may_start(handle, len(taken))):
                 if fair is None:
                     break
-                continue  # a full batch: a tenant under its share behind may still start
+                continue  # a full batch: a tenant with no row behind may still start
             if held and self._is_background(handle):
                 continue  # idle capacity only: it waits, without holding up the others
             gone = adapter_missing(self.model, handle.request)
@@ -295,53 +295,51 @@ class Admission:
         return budget is None or reserved <= budget
 
 
-class FairShare:
-    """``--max-num-seqs`` shared between tenants (API keys) that compete for it.
+FIRST_ROW_EXTRA = 4
+"""A full batch takes at most ``--max-num-seqs // FIRST_ROW_EXTRA`` (at least one) rows
+beyond it for tenants' first rows (:class:`FirstRow`)."""
 
-    While requests of two or more tenants run or wait, each tenant's share is the batch
-    divided among them. A full batch still takes a request whose tenant runs fewer than
-    its share and that is at least as urgent as every row running (a lower priority, and
-    background work, waits for free rows), up to twice ``--max-num-seqs`` rows in all
-    (and within the memory budget, as always): so a key that queued hundreds of
-    requests, holding every row, does not make another key's request wait for its rows
-    to finish. The batch is back within
-    ``--max-num-seqs`` as the heavy tenant's rows end, since a tenant at its share only
-    takes free rows.
+
+class FirstRow:
+    """A tenant's first row in a batch another tenant fills.
+
+    While requests of two or more tenants (API keys) run or wait, a full batch still
+    takes the request of a tenant that has no row running, if it is at least as urgent
+    as every row running (a lower priority, and background work, waits for free rows):
+    one such row per tenant, at most a quarter of ``--max-num-seqs`` beyond it in all,
+    within the memory budget as always. So a key that queued hundreds of requests,
+    holding every row, does not make another key's request wait for its rows to finish,
+    while tenants that all have rows running share the batch by round-robin admission
+    alone (:func:`admission_order`) and the batch stays within ``--max-num-seqs``.
     """
 
     def __init__(
-        self,
-        running: collections.Counter[str | None],
-        share: int,
-        rows: int,
-        cap: int,
-        level: int,
-    ):
-        self.running, self.share, self.rows, self.cap = running, share, rows, cap
+        self, running: collections.Counter[str | None], rows: int, cap: int, level: int
+    ) -> None:
+        self.running, self.rows, self.cap = running, rows, cap
         self.level = level
-        """The best (lowest) priority running: only a request at least as urgent may
-        take a row beyond the batch (a low-priority key's share waits for free rows)."""
+        """The best (lowest) priority running."""
 
     @classmethod
     def of(
         cls, loop: BatchLoop, waiting: Sequence[RequestHandle], max_num_seqs: int
-    ) -> FairShare | None:
-        """The shares now, or ``None`` while one tenant (or none) has work."""
+    ) -> FirstRow | None:
+        """The rule now, or ``None`` while one tenant (or none) has work."""
         rows = [live.handle.request for live in list(loop.live.values())]
         running: collections.Counter[str | None] = collections.Counter(r.tenant for r in rows)
         tenants = set(running) | {h.request.tenant for h in waiting}
         if len(tenants) < 2:
             return None
-        share = max(1, max_num_seqs // len(tenants))
+        cap = max_num_seqs + max(1, max_num_seqs // FIRST_ROW_EXTRA)
         level = min((r.priority or 0 for r in rows), default=0)
-        return cls(running, share, len(rows), 2 * max_num_seqs, level)
+        return cls(running, len(rows), cap, level)
 
     def may_start(self, handle: RequestHandle, taken: int) -> bool:
         """Whether ``handle`` may start in a full batch (``taken``: started this round)."""
         request = handle.request
         return (
             self.rows + taken < self.cap
-            and self.running[request.tenant] < self.share
+            and self.running[request.tenant] == 0
             and (request.priority or 0) <= self.level
         )
 
