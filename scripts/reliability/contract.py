@@ -70,7 +70,10 @@ class Failure:
     body: str
 
     def model_dependent(self) -> str | None:
-        """The reason when this is an ST202 refused for what no JSON Schema states."""
+        """The reason when this is an ST202 refused for what no JSON Schema states, or a
+        request the server turned away as overloaded (:data:`OVERLOADED`)."""
+        if self.status == 503 and set(self.checks) <= {"ST101", "ST112"}:
+            return OVERLOADED if '"code":"overloaded"' in self.body.replace(" ", "") else None
         if self.checks != ("ST202",) or self.status != 400:
             return None
         try:
@@ -91,6 +94,14 @@ class Failure:
         if answer.get("type") == "error" and any(w in message for w in ANTHROPIC_WORDS):
             return "anthropic: " + message[:60]
         return None
+
+
+OVERLOADED = (
+    "overloaded: waited past --max-queue-wait (a drawn priority at --background-priority "
+    "or above waits for idle capacity, which two workers never leave): the documented 503 "
+    "with Retry-After"
+)
+"""A 503 the document lists for every generation route: not a defect, as in the fuzz."""
 
 
 _OPERATION = re.compile(r"^_{3,} ([A-Z]+ \S+) _{3,}$")
