@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import attrs
 import mlx.core as mx
 import pytest
 
@@ -106,12 +107,21 @@ def test_a_hung_step_is_abandoned_by_the_watchdog(tiny_llama: Path) -> None:
     rt = make_runtime(tiny_llama, "mlxcore.testing.faults", engine_watchdog=1.0)
     try:
         started = time.monotonic()
-        _, finish = run(rt, greedy(**{"fault": "decoder:hang"}), timeout=15)
+        hung = attrs.evolve(greedy(**{"fault": "decoder:hang"}), request_id="hung-decode")
+        _, finish = run(rt, hung, timeout=15)
         assert finish.code == UNAVAILABLE and time.monotonic() - started < 5
         assert rt.engine.restarts.faults["hang"] == 1
+        stall = rt.engine.last_stall()  # the step is named, with its request
+        assert stall is not None and stall.phase == "decode" and stall.ids == ("hung-decode",)
+        assert "20 prompt tokens" in stall.requests[0] and stall.seconds >= 1.0
         time.sleep(2.1)
         tokens, finish = run(rt, greedy())
         assert finish.reason == "length" and len(tokens) == 12
+        _, finish = run(rt, greedy(**{"fault": "prefill:hang"}), timeout=15)
+        assert finish.code == UNAVAILABLE
+        stall = rt.engine.last_stall()
+        assert stall is not None and stall.phase == "prefill"
+        assert stall.summary().startswith("prefill of ")
     finally:
         rt.engine.shutdown(timeout=5)
 

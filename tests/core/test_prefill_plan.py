@@ -102,7 +102,8 @@ def test_followers_reuse_a_nearby_checkpoint_and_pick_the_longest_leader():
     assert found is not None and found.length == 3990
     other = [*prefix[:1000], -1]
     found = find_shared_prefix(mine, [("S", other, 0, []), ("L", leader_tokens, 0, [])])
-    assert found is not None and found.leader == "L" and found.length == 4002
-    # identical prompts: wait for all but the last token
+    assert found is not None and found.leader == "L" and found.length == 4001
+    # identical prompts: wait for the leader's last checkpoint, all but the last two tokens
+    # (a checkpoint lies before the prompt's last token: PrefillTask.checkpoints)
     found = find_shared_prefix(leader_tokens, [("L", leader_tokens, 0, [])])
-    assert found is not None and found.length == len(leader_tokens) - 1
+    assert found is not None and found.length == len(leader_tokens) - 2

@@ -6,6 +6,7 @@ return is known to the character."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -223,6 +224,48 @@ def test_vllm_prompt_logprobs_on_completions_and_chat(
     scored = chat.model_extra["prompt_logprobs"]  # type: ignore[index]
     assert chat.usage is not None and len(scored) == chat.usage.prompt_tokens
     assert all(len(entry) == 1 for entry in scored[1:])
+
+
+def processed_tokens(server: Server) -> float:
+    text = httpx.get(server.base_url + "/metrics", timeout=30).text
+    found = re.search(r"^mlxcore_prompt_tokens_processed (\S+)$", text, re.MULTILINE)
+    assert found is not None
+    return float(found.group(1))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_n_choices_score_their_prompt_once(
+    scripted_server: Server, client: openai.OpenAI, tokenizer: Any, tiny_qwen3: Path, stream: bool
+) -> None:
+    """The first choice computes the prompt's logprobs; the others wait for its prefill
+    (parked behind it) and carry the same logprobs: the prompt runs through the model
+    once, not ``n`` times."""
+    ids = tokenizer.encode("Alpha beta gamma delta epsilon zeta eta theta iota. " * 24)
+    want = reference_logprobs(tiny_qwen3, ids)
+    before = processed_tokens(scripted_server)
+    answer = client.completions.create(
+        model="tiny", prompt=ids, n=3, max_tokens=2, echo=True, logprobs=1, stream=stream,
+        extra_body={"prompt_logprobs": 1, "ignore_eos": True},
+    )  # fmt: skip
+    processed = processed_tokens(scripted_server) - before
+    if stream:
+        heads: dict[int, Any] = {}
+        for chunk in answer:
+            for c in chunk.choices:
+                heads.setdefault(c.index, c)  # the echoed prompt comes first, once scored
+        choices = [heads[i] for i in range(3)]
+    else:
+        choices = sorted(answer.choices, key=lambda c: c.index)  # type: ignore[union-attr]
+    assert len(choices) == 3
+    for choice in choices:
+        scored = choice.model_extra["prompt_logprobs"]  # type: ignore[index]
+        assert scored[0] is None and len(scored) == len(ids)
+        for position, entry in enumerate(scored[1:], start=1):
+            assert abs(entry[str(ids[position])]["logprob"] - want[position - 1]) < 1e-4
+        echoed = choice.logprobs.token_logprobs  # type: ignore[union-attr]
+        assert echoed[0] is None and len(echoed) >= len(ids)
+        assert all(abs(a - b) < 1e-4 for a, b in zip(echoed[1 : len(ids)], want, strict=True))
+    assert len(ids) <= processed < 1.5 * len(ids), (processed, len(ids))
 
 
 def test_several_prompts_in_one_completion_request(client: openai.OpenAI) -> None:

@@ -21,6 +21,7 @@ CLI prints it), or :class:`~mlxcore.errors.MediaError` for media parts.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -236,6 +237,18 @@ class Generation:
     prompt_logprobs: list[StepToken] | None = None
     """Every prompt token's logprob after the first, once the prefill computed them (for
     a request with ``sampling.prompt_logprobs``)."""
+    scored_by: Generation | None = None
+    """The choice that scores this one's prompt (``n`` > 1 with prompt logprobs: the first
+    choice computes them once; the others reuse its prefill and its logprobs)."""
+    scored: asyncio.Event = attrs.field(factory=asyncio.Event)
+    """Set once this generation's prompt logprobs arrived or its stream ended."""
+
+    async def prompt_scores(self) -> list[StepToken] | None:
+        """The prompt logprobs of this choice (its own, or its first sibling's), waiting
+        for them to be computed; ``None`` when the scoring generation ended without."""
+        source = self.scored_by or self
+        await source.scored.wait()
+        return source.prompt_logprobs
 
 
 # -- prompts -------------------------------------------------------------------
@@ -535,9 +548,13 @@ def build_generations(rt: Runtime, spec: RequestSpec) -> list[Generation]:
             constrained=spec.constraint is not None and not spec.constraint.lazy,
         )
     )
-    gens = []
+    gens: list[Generation] = []
     for i in range(spec.n):
         sampling = spec.sampling
+        if i and sampling.prompt_logprobs is not None:
+            # the first choice scores the prompt once; the others park behind its prefill
+            # (engine/parking.py) and share its logprobs (Generation.prompt_scores)
+            sampling = attrs.evolve(sampling, prompt_logprobs=None)
         if spec.constraint is not None and not spec.constraint.lazy and sampling.ignore_eos:
             # the constraint's end is the output's end (its matcher takes nothing after)
             sampling = attrs.evolve(sampling, ignore_eos=False)
@@ -560,7 +577,10 @@ def build_generations(rt: Runtime, spec: RequestSpec) -> list[Generation]:
         check_constraint(
             rt, request, spec.constraint.field if spec.constraint else "response_format"
         )
-        gens.append(Generation(request, output_pipeline(rt, spec, prompt.text)))
+        gen = Generation(request, output_pipeline(rt, spec, prompt.text))
+        if i and spec.sampling.prompt_logprobs is not None:
+            gen.scored_by = gens[0]
+        gens.append(gen)
     return gens
 
 

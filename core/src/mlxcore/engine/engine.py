@@ -47,6 +47,7 @@ from mlxcore.engine.parts import EngineParts
 from mlxcore.engine.prefix_pool import PrefixPool
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.snapshot import EngineSnapshot
+from mlxcore.engine.stall import StallReport
 from mlxcore.engine.step_sync import StepSync
 from mlxcore.engine.strategies import CacheStrategy, Decoder, PrefillStrategy
 from mlxcore.engine.supervision import Restarts
@@ -336,6 +337,11 @@ class Engine(Supervisor):
         finally:
             handle.cancel()
 
+    def last_stall(self) -> StallReport | None:
+        """The last step the watchdog abandoned, with the requests it was working on."""
+        with self._wake:
+            return self.restarts.stalls[-1] if self.restarts.stalls else None
+
     def health(self) -> tuple[bool, str, str]:
         """``(ok, state, reason)``: ok while the engine runs and admits."""
         with self._wake:
@@ -375,6 +381,7 @@ class Engine(Supervisor):
                 "engine_up": 1.0 if self._up() else 0.0,
                 "engine_restarts": len(self.restarts.recent),
                 "engine_faults": sum(self.restarts.faults.values()),
+                "engine_hangs": self.restarts.faults["hang"],
             }
 
     def memory_held(self) -> int:

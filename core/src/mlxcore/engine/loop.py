@@ -57,6 +57,7 @@ from mlxcore.engine.sampling import (
     repair_random_state,
     sample_first,
 )
+from mlxcore.engine.stall import StallReport, StepWork, report
 from mlxcore.engine.strategies import (
     DecodeSequence,
     PrefillResult,
@@ -125,6 +126,8 @@ class BatchLoop:
         self.shorts_in_a_row = 0
         self.prefetched: set[int] = set()
         self.abandoned = False
+        self.work = StepWork()
+        """The step in progress, for the watchdog's report of a stall."""
         self._closer: int | None = None
         """The thread ending this loop's requests once it is abandoned (:meth:`abandon`)."""
         """Set when the engine gave up on this loop (a hung step): it sends nothing more."""
@@ -153,7 +156,9 @@ class BatchLoop:
         chunk = self.prefill_step() if self.prefilling else 0
         decoded = bool(len(self.decoder) or self.quarantine)
         if decoded:
+            self.work = StepWork("decode")
             self.decode_step()
+        self.work = StepWork()
         self.pacer.observe(time.perf_counter() - started, chunk, decoded)
 
     def pause_rows(self, pause: Callable[[RequestHandle], bool] | None) -> None:
@@ -320,6 +325,7 @@ class BatchLoop:
     def prefill_together(self, group: list[AdmittedRequest]) -> bool:
         """Prefill ``group`` in one batch; False (and each marked solo) if it failed."""
         tasks = [live.task for live in group if live.task is not None]
+        self.work = StepWork("prefill", tuple(group))
         started = time.time_ns()
         try:
             results = self.prefill.prefill_batch(tasks)
@@ -351,6 +357,7 @@ class BatchLoop:
         assert live.prefill is not None and live.task is not None
         live.prefill_begun = True
         live.task.step_tokens = step_tokens
+        self.work = StepWork("prefill", (live,))
         before, started = live.processed, time.time_ns()
         try:
             live.processed = int(next(live.prefill))
@@ -594,6 +601,11 @@ class BatchLoop:
         self._closer = threading.get_ident()
         self.abandoned = True
         self.fail_all(reason, code)
+
+    def stall_report(self, seconds: float) -> StallReport:
+        """What the step in progress is doing, named (the watchdog's thread reads it)."""
+        rows = [live for live in list(self.live.values()) if live.seq is not None]
+        return report(self.work, rows, seconds)
 
     def send(self, handle: RequestHandle, event: Event) -> None:
         """Deliver ``event`` unless the loop was abandoned (then only :meth:`abandon`'s

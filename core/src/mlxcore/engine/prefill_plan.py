@@ -147,8 +147,9 @@ def find_shared_prefix(
     """
     best: SharedPrefix | None = None
     for leader, leader_tokens, progress, checkpoints in candidates:
-        # the leader never snapshots its last prompt token: stop one short of either end
-        shared = min(common_prefix(tokens, leader_tokens), len(leader_tokens) - 1, len(tokens) - 1)
+        # the leader's checkpoints lie before its last prompt token (PrefillTask.checkpoints):
+        # identical prompts (the n choices of one) share all but their last two tokens
+        shared = min(common_prefix(tokens, leader_tokens), len(leader_tokens) - 2, len(tokens) - 1)
         near = [c for c in checkpoints if shared - SHARED_PREFIX_MIN_TOKENS < c <= shared]
         length = max(near) if near else shared
         if length - progress < SHARED_PREFIX_MIN_TOKENS:

@@ -13,6 +13,8 @@ import time
 
 import attrs
 
+from mlxcore.engine.stall import StallReport
+
 RESTART_WINDOW = 600.0
 """Seconds over which ``--engine-max-restarts`` is counted."""
 
@@ -30,6 +32,10 @@ class Restarts:
     """When the restarts of the last :data:`RESTART_WINDOW` seconds happened."""
     faults: collections.Counter[str] = attrs.field(factory=collections.Counter)
     """Faults by kind (``exception``, ``hang``)."""
+    stalls: collections.deque[StallReport] = attrs.field(
+        factory=lambda: collections.deque(maxlen=8)
+    )
+    """The last steps the watchdog abandoned, named (:mod:`mlxcore.engine.stall`)."""
     available_at: float = 0.0
     """Before this (``time.monotonic()``), the engine does not admit."""
 

@@ -142,7 +142,9 @@ class Supervisor:
                 stuck = time.monotonic() - since
                 if stuck < period:
                     continue
-                log.critical("engine step made no progress for %.1f s", stuck)
+                stall = self._loop.stall_report(stuck)
+                self.restarts.stalls.append(stall)
+                log.critical("engine step made no progress for %.1f s: %s", stuck, stall.summary())
                 self.restarts.faults["hang"] += 1
                 reason = f"engine step made no progress for {stuck:.0f} s{self._restart_note()}"
                 self._abandon_loop(reason)

@@ -15,6 +15,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from mlxcore.engine.events import FinishEvent
+from mlxcore.engine.stall import StallReport
 from mlxcore.server.history import History
 
 PREFIX = "mlxcore"
@@ -37,6 +38,24 @@ class _GaugeReader(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         for name, value in sorted(self.sample().items()):
             yield GaugeMetricFamily(f"{PREFIX}_{name}", name.replace("_", " "), value=value)
+
+
+class _StallReader(Collector):
+    """Each model's last stalled step (the watchdog abandoned it), named: one series per
+    model, replaced by the next stall."""
+
+    def __init__(self, stalls: Callable[[], list[tuple[str, StallReport]]]) -> None:
+        self.stalls = stalls
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            f"{PREFIX}_engine_stall_seconds",
+            "seconds the last abandoned engine step ran, with its phase and requests",
+            labels=["model", "phase", "requests"],
+        )
+        for model, stall in self.stalls():
+            family.add_metric([model, stall.phase, ",".join(stall.ids)], stall.seconds)
+        yield family
 
 
 class Metrics:
@@ -91,6 +110,10 @@ class Metrics:
     def watch(self, live: Callable[[], dict[str, float]]) -> None:
         """Expose ``live()``'s values as gauges, read at every scrape."""
         self.registry.register(_GaugeReader(live))
+
+    def watch_stalls(self, stalls: Callable[[], list[tuple[str, StallReport]]]) -> None:
+        """Expose the engines' last stalled steps (``stalls()``: model and report)."""
+        self.registry.register(_StallReader(stalls))
 
     def model_state(self, model: str, state: str) -> None:
         """Record that ``model`` is now in ``state``."""

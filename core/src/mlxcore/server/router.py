@@ -35,6 +35,7 @@ import attrs
 from mlxcore.engine.adapters import adapters_of
 from mlxcore.engine.memory import parameter_bytes, physical_memory, release_memory
 from mlxcore.engine.prefix_pool import PrefixPool
+from mlxcore.engine.stall import StallReport
 from mlxcore.engine.threads import call_on_worker
 from mlxcore.models.catalog import ModelSpec
 from mlxcore.runtime import Runtime
@@ -125,6 +126,7 @@ class ModelRouter:
         for slot in self.slots:
             slot.footprint = estimate_weights(slot.spec)
         metrics.watch(self.gauges)
+        metrics.watch_stalls(self.stalls)
 
     # -- names --------------------------------------------------------------
 
@@ -436,6 +438,16 @@ class ModelRouter:
         if slot.state == FAILED:
             out["error"] = slot.error
         return out
+
+    def stalls(self) -> list[tuple[str, StallReport]]:
+        """Each loaded model's last stalled step (the watchdog abandoned it), if any."""
+        found = []
+        for slot in self.loaded():
+            assert slot.service is not None
+            stall = slot.service.runtime.engine.last_stall()
+            if stall is not None:
+                found.append((slot.spec.name, stall))
+        return found
 
     def gauges(self) -> dict[str, float]:
         """Engine gauges summed over the loaded models, plus the router's own."""

@@ -325,6 +325,7 @@ class GenerationService:
                 if isinstance(event, TokenEvent):
                     if event.prompt_logprobs is not None:
                         gen.prompt_logprobs = event.prompt_logprobs
+                        gen.scored.set()
                     gen.generated += len(event.tokens)
                     now = time.perf_counter()
                     if gen.first_token_at is None:
@@ -350,6 +351,7 @@ class GenerationService:
                 yield gen.pipeline.finish(event.reason)
                 return
         finally:
+            gen.scored.set()  # the choices sharing its prompt logprobs wait no longer
             if not finished:
                 handle.cancel()
 

@@ -150,7 +150,7 @@ async def completions(request: Request[Any, Any, Any]) -> Any:
             "logprobs": lp.completion(out.logprobs) if lp else None,
         }
         if echo is not None:
-            echo.add_to(choice, gen)
+            await echo.add_to(choice, gen)
         choices.append({**choice, "finish_reason": out.finish_reason})
     return Response(
         {
@@ -202,21 +202,23 @@ class Echo:
                 if key not in self.texts:
                     self.texts[key] = self.tokenizer.decode(list(key))
 
-    def add_to(self, choice: dict[str, Any], gen: Generation) -> None:
+    async def add_to(self, choice: dict[str, Any], gen: Generation) -> None:
         """Prefix the choice's text (and logprobs) with its prompt's; add
-        ``prompt_logprobs``."""
+        ``prompt_logprobs`` (computed once for the ``n`` choices of a prompt: a choice
+        waits for its first sibling's)."""
         prompt = gen.request.prompt_tokens
+        scores = await gen.prompt_scores() if self.legacy or self.vllm else None
         if self.text:
             choice["text"] = self.texts[prompt] + choice["text"]
         if self.legacy:
-            head = self.encoder.echoed_prompt(prompt, gen.prompt_logprobs)
+            head = self.encoder.echoed_prompt(prompt, scores)
             tail = choice["logprobs"]
             if tail:
                 for key in ("tokens", "token_logprobs", "top_logprobs"):
                     head[key] += tail[key]
             choice["logprobs"] = head
         if self.vllm:
-            choice["prompt_logprobs"] = self.encoder.vllm_prompt(gen.prompt_logprobs or [])
+            choice["prompt_logprobs"] = self.encoder.vllm_prompt(scores or [])
 
 
 async def _stream(
@@ -241,7 +243,7 @@ async def _stream(
         if echo is not None and index not in echoed:  # the prompt first, once it is scored
             echoed.add(index)
             head: dict[str, Any] = {"index": index, "text": "", "logprobs": None}
-            echo.add_to(head, gens[index])
+            await echo.add_to(head, gens[index])
             yield chunk([{**head, "finish_reason": None}])
         if d.content or d.logprobs or d.finish_reason:
             logprobs = lp.completion(d.logprobs) if lp and d.logprobs else None
