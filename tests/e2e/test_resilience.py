@@ -234,6 +234,14 @@ def test_a_hung_step_is_found_by_the_watchdog(http: httpx.Client) -> None:
     assert unhealthy_after is not None and unhealthy_after < WATCHDOG + 3
     assert outcome and outcome[0].status_code == 503, outcome
     wait_serving(http)
+    # the stalled step is named: its phase and the request it was prefilling
+    stalls = [
+        line
+        for line in http.get("/metrics").text.splitlines()
+        if line.startswith("mlxcore_engine_stall_seconds{")
+    ]
+    assert len(stalls) == 1 and 'phase="prefill"' in stalls[0], stalls
+    assert 'requests="chatcmpl-' in stalls[0], stalls
 
 
 def test_anthropic_client_sees_overloaded_on_an_engine_fault(faulty: Server) -> None:
