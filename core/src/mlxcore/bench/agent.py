@@ -12,18 +12,20 @@ second engine whose prefix cache is disabled), side by side in one run.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from typing import Any
 
 import attrs
 
+from mlxcore.bench.agent_runtime import (
+    default_runtime,
+    processed_tokens,
+    shared_prefix,
+    time_to_first_token,
+)
 from mlxcore.config import ServerConfig
-from mlxcore.engine.events import FinishEvent, TokenEvent
-from mlxcore.engine.prefill_plan import common_prefix
-from mlxcore.engine.request import GenerationRequest, SamplingParams
+from mlxcore.engine.request import SamplingParams
 from mlxcore.hooks import PluginHooks
-from mlxcore.plugins import PluginSelection, create_plugin_manager, load_plugins
 from mlxcore.request_builder import ChatPrompt, RequestSpec, build_generations
 from mlxcore.runtime import Runtime, build_runtime
 
@@ -68,44 +70,6 @@ class Turn:
     def speedup(self) -> float:
         """Cold TTFT over cached TTFT."""
         return self.cold_ttft_s / self.ttft_s if self.ttft_s > 0 else 0.0
-
-
-def default_runtime(
-    model: str, cache_size: str = "100000", *, whole_entries: bool = False
-) -> Runtime:
-    """A runtime with the installed autoloading plugins (template quirks included);
-    ``whole_entries``: with the prefix cache mlxcore had before the radix tree (mlx-lm's
-    LRU of whole entries, reused only at exact snapshots on hybrid models), the baseline
-    of ``--agent-baseline whole-entries``."""
-    pm = create_plugin_manager()
-    load_plugins(pm, PluginSelection())
-    config = ServerConfig(
-        model=model,
-        prefix_cache_size=cache_size,
-        max_model_len=None,
-        cache_strategy="lru" if whole_entries else None,
-    )
-    return build_runtime(config, PluginHooks(pm))
-
-
-def shared_prefix(prompt: tuple[int, ...], earlier: list[tuple[int, ...]]) -> int:
-    """The longest prefix ``prompt`` shares with any of ``earlier``."""
-    return max((common_prefix(prompt, other) for other in earlier), default=0)
-
-
-def _processed(rt: Runtime | None) -> int:
-    return int(rt.engine.stats()["prompt_tokens_processed"]) if rt is not None else 0
-
-
-def time_to_first_token(rt: Runtime, request: GenerationRequest) -> tuple[float, FinishEvent]:
-    start = time.perf_counter()
-    first: float | None = None
-    for event in rt.engine.stream(request):
-        if isinstance(event, TokenEvent) and first is None:
-            first = time.perf_counter() - start
-        if isinstance(event, FinishEvent):
-            return first or (time.perf_counter() - start), event
-    raise RuntimeError("generation ended without a finish event")
 
 
 def _system_prompt(target_tokens: int) -> str:
@@ -174,11 +138,11 @@ def run_agent_session(
         (built,) = build_generations(warm, spec)  # the path an HTTP chat request takes
         request = built.request
         prompt = request.prompt_tokens
-        before = _processed(warm), _processed(base)
+        before = processed_tokens(warm), processed_tokens(base)
         ttft, finish = time_to_first_token(warm, request)
         base_ttft = time_to_first_token(base, request)[0] if base is not None else None
-        computed["measured"] += _processed(warm) - before[0]
-        computed["baseline"] += _processed(base) - before[1]
+        computed["measured"] += processed_tokens(warm) - before[0]
+        computed["baseline"] += processed_tokens(base) - before[1]
         cold_ttft, _ = time_to_first_token(
             cold, attrs.evolve(request, checkpoints=(), boundaries=())
         )
@@ -366,7 +330,7 @@ def main_agent(
         measured = attrs.evolve(config, model=model, max_model_len=None)
         make_runtime = lambda: build_runtime(measured, hooks)  # noqa: E731
     if args.agent_shape == "claude-code":
-        from mlxcore.bench.agent_long import print_rows, run_long_session
+        from mlxcore.bench.agent_long import print_rows, run_long_session  # heavier imports
         from mlxcore.bench.agent_shapes import SessionShape
 
         shape = SessionShape(turns=args.agent_turns, result_tokens=args.agent_result_tokens)

@@ -24,7 +24,7 @@ from typing import Any
 import attrs
 import mlx.core as mx
 
-from mlxcore.bench.agent import default_runtime, shared_prefix, time_to_first_token
+from mlxcore.bench.agent_runtime import default_runtime, shared_prefix, time_to_first_token
 from mlxcore.bench.agent_shapes import AgentRequest, SessionShape, session_requests
 from mlxcore.engine.request import SamplingParams
 from mlxcore.request_builder import ChatPrompt, RequestSpec, build_generations
