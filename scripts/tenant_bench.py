@@ -175,6 +175,9 @@ def main() -> int:
     parser.add_argument(
         "--b-words", type=int, default=0, help="words of context in each of B's requests"
     )
+    parser.add_argument(
+        "--no-same-key", action="store_true", help="skip the run with B on A's key"
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     global B_WORDS
@@ -202,7 +205,9 @@ def main() -> int:
             alone = asyncio.run(spaced_b(replica.url, "sk-b", args.b_requests, 1.5))
             result["b_alone_ms"] = alone
             print("alone", json.dumps(alone), flush=True)
-            runs = [("own_key", "sk-b", False), ("a_key", "sk-a", False)]
+            runs = [("own_key", "sk-b", False)]
+            if not args.no_same_key:
+                runs.append(("a_key", "sk-a", False))
             if args.streamed_flood:
                 runs.append(("own_key_streamed_flood", "sk-b", True))
             for label, key, stream in runs:

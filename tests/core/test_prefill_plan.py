@@ -74,6 +74,15 @@ def test_a_batch_respects_the_cap_and_the_budget():
     assert plan is not None and plan.group == items[:5]  # 5 x 50 = 250 <= 256
 
 
+def test_a_prompt_marked_alone_is_prefilled_by_itself_when_it_comes_first():
+    newcomer, *others = [Item(50) for _ in range(4)]
+    plan = plan_step([newcomer, *others], short(512), 512, 8, 0, lambda i: i is newcomer)
+    assert plan is not None and plan.short and plan.group == [newcomer]
+    # behind another short prompt it is batched as before
+    plan = plan_step([*others, newcomer], short(512), 512, 8, 0, lambda i: i is newcomer)
+    assert plan is not None and plan.group == [*others, newcomer]
+
+
 def test_a_prompt_longer_than_the_budget_is_chunked():
     big = Item(3000)
     plan = plan_step([big], short(512), 512, 8, 0)

@@ -301,3 +301,41 @@ def test_another_keys_request_starts_in_a_batch_one_key_fills(tiny_llama: Path) 
         assert rt.engine.stats()["requests_running"] <= 2  # back within the batch
     finally:
         rt.engine.shutdown(timeout=5)
+
+
+def test_a_newcomer_key_ends_an_opening_burst_and_is_prefilled_first_alone(
+    tiny_llama: Path,
+) -> None:
+    """Key a's burst is prefilled batch after batch in one opening step, unless a key with
+    nothing admitted waits (then the step ends after the first batch); while a's rows
+    decode, key b's prompt is prefilled first, alone, ahead of a's pending ones."""
+    from mlxcore.engine.events import Event, TokenEvent
+    from mlxcore.engine.request import SamplingParams
+    from mlxcore.testing.runtime import make_runtime
+
+    rt = make_runtime(tiny_llama)
+    greedy = SamplingParams(temperature=0.0)
+    got: dict[int, list[Event]] = {}
+
+    def handle(uid: int, tenant: str) -> RequestHandle:
+        got[uid] = []
+        request = GenerationRequest((1, 2, 3, uid % 50 + 4), 8, greedy, tenant=tenant)
+        return RequestHandle(uid, request, got[uid].append)
+
+    try:
+        batch = rt.engine.config.prefill_batch_size
+        for newcomer, left in ((set(), 0), ({"b"}, 12 - batch)):
+            loop = rt.engine.new_loop()
+            loop.iterate([handle(i, "a") for i in range(12)], None, lambda n=newcomer: n)
+            assert len(loop.prefilling) == left, newcomer
+            loop.fail_all("test over")
+        loop = rt.engine.new_loop()
+        loop.iterate([handle(100 + i, "a") for i in range(2)], None, set)
+        assert not loop.prefilling and len(loop.decoder) == 2  # a's rows decode
+        loop.iterate([handle(102, "a"), handle(103, "a"), handle(200, "b")], None, set)
+        assert [live.handle.uid for live in loop.prefilling] == [102, 103]
+        assert any(isinstance(e, TokenEvent) for e in got[200])  # b's first token is out
+        assert not any(isinstance(e, TokenEvent) for e in got[102])
+        loop.fail_all("test over")
+    finally:
+        rt.engine.shutdown(timeout=5)

@@ -459,6 +459,14 @@ class Engine(Supervisor):
         self._stepping = True
         return StepPlan(loop, admitted, list(admission.waiting), sync)
 
+    def _waiting_tenants(self) -> set[str | None]:
+        """The tenants of the requests waiting now, read by the engine thread mid-step
+        without the lock (a copy of the queue: a hint for ending an opening prefill)."""
+        try:
+            return {handle.request.tenant for handle in list(self.admission.waiting)}
+        except RuntimeError:  # the queue changed while it was copied
+            return set()
+
     def _step(self, epoch: int, plan: StepPlan) -> bool:
         """Run one step of ``plan`` (outside the lock). False: the thread stops."""
         loop, admitted, sync = plan.loop, plan.admitted, plan.sync
@@ -467,8 +475,9 @@ class Engine(Supervisor):
             if sync is not None:
                 admitted = sync.lead(loop, admitted)
             pause = self.admission.background_pause() if sync is None else None
+            waiting = self._waiting_tenants if sync is None else None  # ranks plan alike
             with step_batch():  # the step's events reach each event loop together
-                loop.iterate(admitted, pause)
+                loop.iterate(admitted, pause, waiting)
             self.jobs.step()
             loop.prefetch(plan.waiting)
         except Exception as exc:

@@ -6,8 +6,11 @@ self-pipe write and an event-loop wake-up per request per step: 64 of each per s
 A :class:`LoopHandoff` (one per event loop, :func:`handoff_for`) queues the callbacks
 instead and wakes its loop once for everything queued; while the engine thread runs a
 step inside :func:`step_batch`, the wake-up waits until the step's work is done, so a
-step's events for every request reach the loop together (and a burst's first tokens
-together with the rest of that step's prefill, not ahead of it).
+step's events for every request reach the loop together. First tokens are the exception
+(:func:`release_held`): the batch loop releases them when the step's prefill work ends,
+before its decode step (a burst's first tokens still leave together: released batch by
+batch, the first batch's rows would wait for the rest of the burst between their first
+and second tokens).
 """
 
 from __future__ import annotations
@@ -42,6 +45,16 @@ def step_batch() -> Iterator[None]:
         _held.pending = None
         for handoff in pending:
             handoff.wake()
+
+
+def release_held() -> None:
+    """Wake now the loops that got callbacks so far in this step (the first tokens of the
+    step's prefill work); callbacks posted later in the step wait for its end."""
+    pending: list[LoopHandoff] | None = getattr(_held, "pending", None)
+    if pending:
+        for handoff in pending:
+            handoff.wake()
+        pending.clear()
 
 
 class LoopHandoff:

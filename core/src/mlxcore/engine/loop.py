@@ -25,7 +25,7 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from mlxcore.engine.admitted import (
@@ -46,6 +46,7 @@ from mlxcore.engine.events import (
     Usage,
     send,
 )
+from mlxcore.engine.handoff import release_held
 from mlxcore.engine.parking import park, unpark
 from mlxcore.engine.parts import EngineParts
 from mlxcore.engine.prefill_pacer import PrefillPacer
@@ -65,7 +66,7 @@ from mlxcore.engine.strategies import (
     SequenceCache,
     StepToken,
 )
-from mlxcore.engine.turns import take_turns
+from mlxcore.engine.turns import newcomer_waits, take_turns
 from mlxcore.errors import MlxcoreError, RequestFault
 
 log = logging.getLogger(__name__)
@@ -128,6 +129,8 @@ class BatchLoop:
         self.abandoned = False
         self.work = StepWork()
         """The step in progress, for the watchdog's report of a stall."""
+        self.waiting: Callable[[], Iterable[str | None]] | None = None
+        """The tenants waiting for admission (:meth:`iterate`)."""
         self._closer: int | None = None
         """The thread ending this loop's requests once it is abandoned (:meth:`abandon`)."""
         """Set when the engine gave up on this loop (a hung step): it sends nothing more."""
@@ -142,11 +145,15 @@ class BatchLoop:
     # -- one iteration ---------------------------------------------------------
 
     def iterate(
-        self, admitted: list[RequestHandle], pause: Callable[[RequestHandle], bool] | None = None
+        self,
+        admitted: list[RequestHandle],
+        pause: Callable[[RequestHandle], bool] | None = None,
+        waiting: Callable[[], Iterable[str | None]] | None = None,
     ) -> None:
         """Admit ``admitted``, do one step's prefill work, run one decode step (``pause``:
-                which decoding requests sit this step out, see
-        :meth:`pause_rows`)."""
+        which decoding requests sit this step out, see :meth:`pause_rows`; ``waiting``:
+        the tenants of the requests waiting now, read mid-step)."""
+        self.waiting = waiting
         for handle in admitted:
             self.admit(handle)
         self.retire_cancelled()
@@ -154,6 +161,8 @@ class BatchLoop:
         unpark(self)
         started = time.perf_counter()
         chunk = self.prefill_step() if self.prefilling else 0
+        if chunk:
+            release_held()  # first tokens go out before the decode step, not after it
         decoded = bool(len(self.decoder) or self.quarantine)
         if decoded:
             self.work = StepWork("decode")
@@ -286,10 +295,15 @@ class BatchLoop:
         def is_short(item: Any) -> bool:
             return not item.prefill_begun and item.remaining <= budget + 1
 
+        newcomer = self._newcomer_rows() if decoding else None
         spent = 0
         while True:
             queue = take_turns(self.prefilling, lambda live: live.request.tenant)
-            plan = plan_step(queue, is_short, paced, self.prefill_batch_size, self.shorts_in_a_row)
+            if newcomer is not None:
+                queue.sort(key=lambda live: not newcomer(live))  # stable: turns kept
+            plan = plan_step(
+                queue, is_short, paced, self.prefill_batch_size, self.shorts_in_a_row, newcomer
+            )
             if plan is None or (spent and not plan.short):
                 return -1 if spent else 0
             group: list[AdmittedRequest] = plan.group  # type: ignore[assignment]
@@ -303,8 +317,24 @@ class BatchLoop:
             self._prefill_short(group)
             if decoding:
                 return spent
-            if spent >= budget:
+            if spent >= budget or self._newcomer():
                 return -1
+
+    def _newcomer(self) -> bool:
+        """A key with nothing admitted here has a request waiting (it came during this
+        opening prefill of another key's burst): the step ends after this batch, so it is
+        admitted at the next one instead of after the whole burst (decision 0029)."""
+        if self.waiting is None:
+            return False
+        return newcomer_waits(self.waiting(), (x.request.tenant for x in self.live.values()))
+
+    def _newcomer_rows(self) -> Callable[[Any], bool] | None:
+        """While others decode: True for a prompt of a key with no row decoding (its first
+        is prefilled first and alone, decision 0029); None on a server without keys."""
+        decoding = {x.request.tenant for x in self.live.values() if x.seq is not None}
+        if decoding == {None} or not any(x.request.tenant for x in self.prefilling):
+            return None
+        return lambda live: live.request.tenant is not None and live.request.tenant not in decoding
 
     def _prefill_short(self, group: list[AdmittedRequest]) -> None:
         """Prefill the short prompts ``group`` whole (in one batch where they can be)."""

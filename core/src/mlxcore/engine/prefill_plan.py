@@ -93,6 +93,7 @@ def plan_step(
     budget: int,
     batch_cap: int,
     shorts_in_a_row: int,
+    alone: Callable[[Prefilling], bool] | None = None,
 ) -> Plan | None:
     """Choose this step's prefill work (None: nothing to prefill).
 
@@ -103,6 +104,8 @@ def plan_step(
         budget: the step's prefill token budget.
         batch_cap: the most prompts prefilled together (``--prefill-batch-size``).
         shorts_in_a_row: short batches run since the long prompt last advanced.
+        alone: True for a short prompt prefilled by itself when it comes first (an API
+            key's first while others decode: its first token does not wait for a batch).
     """
     items = list(queue)
     if not items:
@@ -111,7 +114,7 @@ def plan_step(
     longs = [item for item in items if not any(item is s for s in shorts)]
     if shorts and (not longs or shorts_in_a_row < SHORT_TURNS):
         group = [shorts[0]]
-        for item in shorts[1:]:
+        for item in shorts[1:] if alone is None or not alone(shorts[0]) else []:
             if len(group) >= batch_cap:
                 break
             if cheap_enough([*(g.remaining for g in group), item.remaining], budget):

@@ -8,10 +8,16 @@ none: a server without keys) the order is the queue's own.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
 T = TypeVar("T")
+
+
+def newcomer_waits(waiting: Iterable[str | None], admitted: Iterable[str | None]) -> bool:
+    """Whether a key with nothing ``admitted`` has a request ``waiting`` (tenants; ``None``
+    is a server without keys, never a newcomer)."""
+    return bool(set(waiting) - {None} - set(admitted))
 
 
 def take_turns(items: Sequence[T], tenant_of: Callable[[T], str | None]) -> list[T]:
