@@ -175,9 +175,7 @@ def main() -> int:
     parser.add_argument(
         "--b-words", type=int, default=0, help="words of context in each of B's requests"
     )
-    parser.add_argument(
-        "--no-same-key", action="store_true", help="skip the run with B on A's key"
-    )
+    parser.add_argument("--no-same-key", action="store_true", help="skip the run with B on A's key")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     global B_WORDS
