@@ -51,7 +51,7 @@ from mlxcore.engine.parking import park, unpark
 from mlxcore.engine.parts import EngineParts
 from mlxcore.engine.prefill_pacer import PrefillPacer
 from mlxcore.engine.prefill_plan import plan_step
-from mlxcore.engine.quarantine import Quarantine
+from mlxcore.engine.quarantine import Quarantine, recover_failed_step
 from mlxcore.engine.sampling import (
     make_processors,
     make_sampler,
@@ -467,7 +467,7 @@ class BatchLoop:
         try:
             produced = self.decoder.step()
         except Exception as exc:
-            self._step_failed(exc)
+            recover_failed_step(self, exc)
             return
         ended = time.time_ns()
         if self.quarantine or self.quarantine.suspects is not None:
@@ -485,51 +485,6 @@ class BatchLoop:
 
     def _rejoin(self) -> None:
         for seq in self.quarantine.release(lambda uid: uid in self.live):
-            self.decoder.add(seq)
-
-    def _step_failed(self, exc: Exception) -> None:
-        """A decode step raised: retry without half of its sequences when the decoder
-        gives them back intact (:mod:`mlxcore.engine.quarantine`), else fail the batch."""
-        decoding = [live for live in self.live.values() if live.seq is not None]
-        try:
-            rows = self.decoder.salvage()
-        except Exception:
-            log.exception("decoder %s: salvaging the batch failed", self.decoder.name)
-            rows = None
-        self.decoder = self.parts.decoder()  # the failed one is not used again
-        self.counters["decode_step_failures"] += 1
-        held = {seq.uid for group in self.quarantine.groups for seq in group} | set(self.paused)
-        if rows is None:
-            log.error("decode step failed; failing the sequences in the batch", exc_info=exc)
-            for live in decoding:
-                if live.handle.uid not in held:
-                    self.fail(live, exc)
-            return
-        survivors: list[DecodeSequence] = []
-        for item in rows:
-            owner = self.live.get(item.seq.uid)
-            if owner is None:
-                continue
-            owner.seq = item.seq
-            if item.unreported and self.emit(owner, item.unreported):
-                self.retire(owner, item.seq.own_cache())
-            else:
-                survivors.append(item.seq)
-        # nobody suspected failed anyway (the cause is not one sequence): suspect all again
-        suspects = self.quarantine.suspected(survivors) or survivors
-        for seq in survivors:
-            if seq not in suspects:
-                self.decoder.add(seq)  # went through a step since the last failure
-        if len(suspects) == 1:
-            self.quarantine.isolated += 1
-            self.quarantine.suspects = set()
-            self.fail(self.live[suspects[0].uid], exc)  # alone, it still failed: the cause
-            return
-        log.warning(
-            "decode step failed (%s: %s); retrying with %d of its %d suspects",
-            type(exc).__name__, exc, max(1, len(suspects) // 2), len(suspects),
-        )  # fmt: skip
-        for seq in self.quarantine.split(suspects) if suspects else []:
             self.decoder.add(seq)
 
     def emit(

@@ -11,9 +11,16 @@ every other sequence goes on with its own cache, exactly as it would have.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from mlxcore.engine.strategies import DecodeSequence
+
+if TYPE_CHECKING:
+    from mlxcore.engine.loop import BatchLoop
+
+log = logging.getLogger("mlxcore.engine.loop")
 
 
 class Quarantine:
@@ -62,3 +69,49 @@ class Quarantine:
         """Forget every held sequence (the engine failed them)."""
         self.groups.clear()
         self.suspects = None
+
+
+def recover_failed_step(loop: BatchLoop, exc: Exception) -> None:
+    """A decode step of ``loop`` raised: retry without half of its sequences when the
+    decoder gives them back intact (this module's docstring), else fail the batch."""
+    decoding = [live for live in loop.live.values() if live.seq is not None]
+    try:
+        rows = loop.decoder.salvage()
+    except Exception:
+        log.exception("decoder %s: salvaging the batch failed", loop.decoder.name)
+        rows = None
+    loop.decoder = loop.parts.decoder()  # the failed one is not used again
+    loop.counters["decode_step_failures"] += 1
+    held = {seq.uid for group in loop.quarantine.groups for seq in group} | set(loop.paused)
+    if rows is None:
+        log.error("decode step failed; failing the sequences in the batch", exc_info=exc)
+        for live in decoding:
+            if live.handle.uid not in held:
+                loop.fail(live, exc)
+        return
+    survivors: list[DecodeSequence] = []
+    for item in rows:
+        owner = loop.live.get(item.seq.uid)
+        if owner is None:
+            continue
+        owner.seq = item.seq
+        if item.unreported and loop.emit(owner, item.unreported):
+            loop.retire(owner, item.seq.own_cache())
+        else:
+            survivors.append(item.seq)
+    # nobody suspected failed anyway (the cause is not one sequence): suspect all again
+    suspects = loop.quarantine.suspected(survivors) or survivors
+    for seq in survivors:
+        if seq not in suspects:
+            loop.decoder.add(seq)  # went through a step since the last failure
+    if len(suspects) == 1:
+        loop.quarantine.isolated += 1
+        loop.quarantine.suspects = set()
+        loop.fail(loop.live[suspects[0].uid], exc)  # alone, it still failed: the cause
+        return
+    log.warning(
+        "decode step failed (%s: %s); retrying with %d of its %d suspects",
+        type(exc).__name__, exc, max(1, len(suspects) // 2), len(suspects),
+    )  # fmt: skip
+    for seq in loop.quarantine.split(suspects) if suspects else []:
+        loop.decoder.add(seq)
