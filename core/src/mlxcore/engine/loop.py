@@ -161,8 +161,6 @@ class BatchLoop:
         unpark(self)
         started = time.perf_counter()
         chunk = self.prefill_step() if self.prefilling else 0
-        if chunk:
-            release_held()  # first tokens go out before the decode step, not after it
         decoded = bool(len(self.decoder) or self.quarantine)
         if decoded:
             self.work = StepWork("decode")
@@ -316,6 +314,8 @@ class BatchLoop:
             spent += sum(live.remaining for live in group)
             self._prefill_short(group)
             if decoding:
+                if newcomer is not None and newcomer(group[0]):
+                    release_held()  # its first token leaves now, not after the decode step
                 return spent
             if spent >= budget or self._newcomer():
                 return -1
