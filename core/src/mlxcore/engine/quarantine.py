@@ -11,14 +11,14 @@ every other sequence goes on with its own cache, exactly as it would have.
 
 from __future__ import annotations
 
+import collections
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from mlxcore.engine.strategies import DecodeSequence
-
-if TYPE_CHECKING:
-    from mlxcore.engine.loop import BatchLoop
+from mlxcore.engine.admitted import AdmittedRequest
+from mlxcore.engine.parts import EngineParts
+from mlxcore.engine.strategies import Decoder, DecodeSequence, SequenceCache, StepToken
 
 log = logging.getLogger("mlxcore.engine.loop")
 
@@ -71,7 +71,30 @@ class Quarantine:
         self.suspects = None
 
 
-def recover_failed_step(loop: BatchLoop, exc: Exception) -> None:
+class RecoveringLoop(Protocol):
+    """What recovering a failed step needs of the batch loop
+    (:class:`~mlxcore.engine.loop.BatchLoop`)."""
+
+    parts: EngineParts
+    decoder: Decoder
+    live: dict[int, AdmittedRequest]
+    quarantine: Quarantine
+    paused: dict[int, DecodeSequence]
+    counters: collections.Counter[str]
+
+    def emit(
+        self, live: AdmittedRequest, tokens: list[StepToken], step: tuple[int, int] | None = None
+    ) -> bool:
+        """Send tokens; True when the request is now finished."""
+
+    def retire(self, live: AdmittedRequest, own: SequenceCache | None) -> None:
+        """Finish ``live``; offer its cache for prefix reuse."""
+
+    def fail(self, live: AdmittedRequest, exc: BaseException) -> None:
+        """End one request with an error."""
+
+
+def recover_failed_step(loop: RecoveringLoop, exc: Exception) -> None:
     """A decode step of ``loop`` raised: retry without half of its sequences when the
     decoder gives them back intact (this module's docstring), else fail the batch."""
     decoding = [live for live in loop.live.values() if live.seq is not None]
