@@ -58,7 +58,7 @@ from mlxcore.engine.sampling import (
     repair_random_state,
     sample_first,
 )
-from mlxcore.engine.stall import StallReport, StepWork, report
+from mlxcore.engine.stall import DECODING, IDLE, StallReport, StepWork, report
 from mlxcore.engine.strategies import (
     DecodeSequence,
     PrefillResult,
@@ -127,7 +127,7 @@ class BatchLoop:
         self.shorts_in_a_row = 0
         self.prefetched: set[int] = set()
         self.abandoned = False
-        self.work = StepWork()
+        self.work = IDLE
         """The step in progress, for the watchdog's report of a stall."""
         self.waiting: Callable[[], Iterable[str | None]] | None = None
         """The tenants waiting for admission (:meth:`iterate`)."""
@@ -163,9 +163,9 @@ class BatchLoop:
         chunk = self.prefill_step() if self.prefilling else 0
         decoded = bool(len(self.decoder) or self.quarantine)
         if decoded:
-            self.work = StepWork("decode")
+            self.work = DECODING
             self.decode_step()
-        self.work = StepWork()
+        self.work = IDLE
         self.pacer.observe(time.perf_counter() - started, chunk, decoded)
 
     def pause_rows(self, pause: Callable[[RequestHandle], bool] | None) -> None:
@@ -331,9 +331,9 @@ class BatchLoop:
     def _newcomer_rows(self) -> Callable[[Any], bool] | None:
         """While others decode: True for a prompt of a key with no row decoding (its first
         is prefilled first and alone, decision 0029); None on a server without keys."""
+        if not any(x.request.tenant for x in self.prefilling):
+            return None  # no key waits to prefill (always so on a server without keys)
         decoding = {x.request.tenant for x in self.live.values() if x.seq is not None}
-        if decoding == {None} or not any(x.request.tenant for x in self.prefilling):
-            return None
         return lambda live: live.request.tenant is not None and live.request.tenant not in decoding
 
     def _prefill_short(self, group: list[AdmittedRequest]) -> None:

@@ -24,7 +24,7 @@ NAMED = 8
 """Most requests a report names (a decode step of 128 rows names its first eight)."""
 
 
-@attrs.define
+@attrs.frozen
 class StepWork:
     """The work of the step in progress (engine thread writes, watchdog reads)."""
 
@@ -32,6 +32,11 @@ class StepWork:
     """``prefill``, ``decode`` or ``idle`` (between steps: admission, bookkeeping)."""
     requests: tuple[AdmittedRequest, ...] = ()
     """The requests being prefilled (a decode step reads the batch's rows instead)."""
+
+
+IDLE = StepWork()
+DECODING = StepWork("decode")
+"""The notes of a step between its parts and of a decode step (made once, not per step)."""
 
 
 @attrs.frozen
