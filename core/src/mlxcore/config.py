@@ -14,7 +14,6 @@ import attrs
 
 from mlxcore.settings import (
     byte_size,
-    fraction,
     header_value,
     json_object,
     log_level,
@@ -22,6 +21,7 @@ from mlxcore.settings import (
     positive_int,
     seconds,
     setting,
+    time_share,
 )
 
 COMMON, ENGINE, PARSERS, HTTP = "common", "engine", "parsers", "http"
@@ -83,11 +83,24 @@ class ServerConfig:
         "split so running streams keep their pace); 0: the full --prefill-step-size",
     )  # fmt: skip
     prefill_time_share: float = setting(
-        1.0, group=ENGINE, type=fraction, metavar="FRACTION",
+        3.0, group=ENGINE, type=time_share, metavar="SHARE",
         help="while sequences decode, a long prompt's prefill chunk is sized to add at most "
-        "this fraction of a decode step's measured time (at least half, at most all of "
+        "SHARE decode steps' measured time (0 to 8; at least 8 tokens, at most "
         "--prefill-decode-chunk), so running streams keep a steady inter-token latency; "
         "0: the token budget alone (always 0 with --distributed)",
+    )  # fmt: skip
+    step_time_target: float = setting(
+        1.0, group=ENGINE, type=seconds, metavar="SECONDS",
+        help="with nothing decoding, a step's prefill work is sized from measured costs to "
+        "last about SECONDS (at least 64 tokens, at most --prefill-step-size), so a request "
+        "arriving during a long prompt is admitted within about that; a step over twice "
+        "this is logged with its requests; 0: --prefill-step-size tokens a step",
+    )  # fmt: skip
+    max_batched_tokens: int | None = setting(
+        None, group=ENGINE, type=positive_int, metavar="N",
+        help="a fixed step budget (vLLM's name): each step prefills at most N prompt tokens, "
+        "with or without decoding streams, and no step is sized in time (default: sized in "
+        "time, see --prefill-time-share and --step-time-target; stated at start-up)",
     )  # fmt: skip
     prefill_batch_size: int = setting(
         8, group=ENGINE, type=positive_int,

@@ -174,14 +174,14 @@ def non_negative_int(text: str) -> int:
     return value
 
 
-def fraction(text: str) -> float:
-    """A number from 0 to 1."""
+def time_share(text: str) -> float:
+    """A number from 0 to 8 (decode steps' worth of time)."""
     try:
         value = float(text)
     except ValueError:
         value = -1.0
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number from 0 to 1, got {text!r}")
+    if not 0.0 <= value <= 8.0:
+        raise argparse.ArgumentTypeError(f"expected a number from 0 to 8, got {text!r}")
     return value
 
 

@@ -16,11 +16,14 @@ import attrs
 
 from mlxcore.engine.events import EngineStep, RequestHandle, Usage
 from mlxcore.engine.request import GenerationRequest
+from mlxcore.engine.sampling import sample_first
 from mlxcore.engine.strategies import (
     CacheStrategy,
+    Decoder,
     DecodeSequence,
     LogitsProcessor,
     PrefillGenerator,
+    PrefillResult,
     PrefillTask,
     Sampler,
     StepToken,
@@ -149,3 +152,37 @@ def snapshot_callback(cache: CacheStrategy, task: PrefillTask) -> Callable[[int]
             log.exception("cache strategy %s failed to store a snapshot", cache.name)
 
     return snapshot
+
+
+def first_sequence(
+    live: AdmittedRequest, result: PrefillResult, decoder: Decoder, prefill_name: str
+) -> tuple[DecodeSequence, StepToken]:
+    """``live``'s sequence for the decoder once its prefill gave ``result``: the first
+    token sampled (with the request's processors), the prompt's logprobs kept for the
+    first event. Raises where the request cannot go on (the loop fails it alone)."""
+    assert live.task is not None
+    live.reusable = result.reusable
+    live.usage.extra.update(result.usage)
+    if result.position_offset and not decoder.supports_position_offset:
+        raise MlxcoreError(
+            f"decoder {decoder.name!r} cannot continue a sequence with a "
+            "position offset (a media request on an M-RoPE model)"
+        )
+    if live.request.sampling.prompt_logprobs is not None:
+        if result.prompt_logprobs is None:
+            raise MlxcoreError(f"{prefill_name} prefill computes no prompt logprobs")
+        live.prompt_logprobs = result.prompt_logprobs
+    prompt = list(live.request.prompt_tokens)
+    sampling = live.request.sampling
+    first = sample_first(live.sampler, live.processors, result.logits, prompt, sampling)
+    seq = DecodeSequence(
+        uid=live.handle.uid,
+        request=live.request,
+        cache=live.task.cache,
+        tokens=[*prompt, first.token],
+        next_token=first.token,
+        sampler=live.sampler,
+        logits_processors=[guard(live, p) for p in live.processors],
+        position_offset=result.position_offset,
+    )
+    return seq, first

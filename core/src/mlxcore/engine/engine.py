@@ -44,11 +44,13 @@ from mlxcore.engine.kv_quant import KVQuantization
 from mlxcore.engine.loop import BatchLoop
 from mlxcore.engine.memory import MemoryBudget, fitted_context, release_memory
 from mlxcore.engine.parts import EngineParts
+from mlxcore.engine.prefill_pacer import StepBudget
 from mlxcore.engine.prefix_pool import PrefixPool
 from mlxcore.engine.request import GenerationRequest
 from mlxcore.engine.snapshot import EngineSnapshot
 from mlxcore.engine.stall import StallReport
 from mlxcore.engine.step_sync import StepSync
+from mlxcore.engine.step_times import StepTimes
 from mlxcore.engine.strategies import CacheStrategy, Decoder, PrefillStrategy
 from mlxcore.engine.supervision import Restarts
 from mlxcore.engine.supervisor import Supervisor, close_cache
@@ -125,6 +127,17 @@ class Engine(Supervisor):
             self.memory.add_weights(info.reserved_bytes)  # an expert cache, still empty
         self.counters: collections.Counter[str] = collections.Counter()
         """Totals across loops: ``prompt_tokens_processed``, ``prefill_shared_prefix_waits``."""
+        self.budget = StepBudget.of(
+            config.prefill_step_size,
+            config.prefill_decode_chunk,
+            config.prefill_time_share,
+            config.step_time_target,
+            config.max_batched_tokens,
+            fixed=bool(config.distributed),  # ranks plan alike; their clocks differ
+        )
+        """How much prompt a step prefills (:mod:`mlxcore.engine.prefill_pacer`)."""
+        self.step_times = StepTimes(self.budget.target or config.step_time_target)
+        """The steps' durations against the target (kept across loops)."""
         self._loop = self.new_loop()
         self.memory.side_per_token = self.decoder.side_cache_bytes_per_token()
         self.max_context: int | None = fitted_context(
@@ -184,10 +197,11 @@ class Engine(Supervisor):
         """The generation thread is stepping outside the lock (set under it by
         :meth:`_plan`): readers take the published snapshot, else a fresh one."""
         log.info(
-            "engine strategies: cache=%s prefill=%s decoder=%s",
+            "engine strategies: cache=%s prefill=%s decoder=%s; step budget: %s",
             self.cache.name,
             self.prefill.name,
             self.decoder.name,
+            self.budget.describe(),
         )
 
     def new_loop(self) -> BatchLoop:
@@ -196,11 +210,9 @@ class Engine(Supervisor):
             self.parts,
             self.info.eos_token_ids,
             self.config.prefill_batch_size,
-            self.config.prefill_step_size,
-            self.config.prefill_decode_chunk,
+            self.budget,
             self.counters,
-            # ranks must plan identical steps; their clocks differ
-            0.0 if self.config.distributed else self.config.prefill_time_share,
+            self.step_times,
         )
 
     @property
@@ -382,6 +394,7 @@ class Engine(Supervisor):
                 "engine_restarts": len(self.restarts.recent),
                 "engine_faults": sum(self.restarts.faults.values()),
                 "engine_hangs": self.restarts.faults["hang"],
+                **self.step_times.figures(),
             }
 
     def memory_held(self) -> int:

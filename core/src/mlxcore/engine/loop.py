@@ -32,7 +32,7 @@ from mlxcore.engine.admitted import (
     AdmittedRequest,
     DecodeTally,
     Parked,
-    guard,
+    first_sequence,
     snapshot_callback,
     unbuilt_sampler,
 )
@@ -49,16 +49,16 @@ from mlxcore.engine.events import (
 from mlxcore.engine.handoff import release_held
 from mlxcore.engine.parking import park, unpark
 from mlxcore.engine.parts import EngineParts
-from mlxcore.engine.prefill_pacer import PrefillPacer
+from mlxcore.engine.prefill_pacer import StepBudget
 from mlxcore.engine.prefill_plan import plan_step
 from mlxcore.engine.quarantine import Quarantine, recover_failed_step
 from mlxcore.engine.sampling import (
     make_processors,
     make_sampler,
     repair_random_state,
-    sample_first,
 )
 from mlxcore.engine.stall import DECODING, IDLE, StallReport, StepWork, report
+from mlxcore.engine.step_times import StepTimes
 from mlxcore.engine.strategies import (
     DecodeSequence,
     PrefillResult,
@@ -79,14 +79,9 @@ class BatchLoop:
         parts: the strategy factories and the plugins' processors.
         eos_token_ids: the model's end-of-sequence ids.
         prefill_batch_size: most prompts prefilled together (1: never batch).
-        prefill_step_size: prefill chunk size, the token budget of a step when nothing
-            decodes.
-        decode_chunk: the prefill token budget of a step while sequences decode (0: the
-            same as ``prefill_step_size``).
+        budget: the step budget's settings (:mod:`mlxcore.engine.prefill_pacer`).
         counters: totals kept across loops (``prompt_tokens_processed``).
-        prefill_share: while sequences decode, the fraction of a decode step's measured
-            time a step's prefill work may add (:mod:`mlxcore.engine.prefill_pacer`;
-            at most ``decode_chunk`` tokens); 0: the token budget alone.
+        step_times: the steps' durations against the target (kept across loops).
     """
 
     def __init__(
@@ -94,18 +89,17 @@ class BatchLoop:
         parts: EngineParts,
         eos_token_ids: frozenset[int],
         prefill_batch_size: int,
-        prefill_step_size: int,
-        decode_chunk: int = 0,
+        budget: StepBudget,
         counters: collections.Counter[str] | None = None,
-        prefill_share: float = 0.0,
+        step_times: StepTimes | None = None,
     ) -> None:
         self.parts = parts
         self.eos_token_ids = eos_token_ids
         self.prefill_batch_size = prefill_batch_size
-        self.prefill_step_size = prefill_step_size
-        self.decode_chunk = decode_chunk
-        self.pacer = PrefillPacer(prefill_share, decode_chunk or prefill_step_size)
-        """Sizes a long prompt's chunks while sequences decode."""
+        self.budget = budget
+        self.step_times = step_times or StepTimes(budget.target)
+        self.pacer = budget.pacer()
+        """Sizes each step's prefill work in time (:mod:`mlxcore.engine.prefill_pacer`)."""
         self.counters: collections.Counter[str] = (
             counters if counters is not None else collections.Counter()
         )
@@ -161,12 +155,16 @@ class BatchLoop:
         unpark(self)
         started = time.perf_counter()
         chunk = self.prefill_step() if self.prefilling else 0
+        prefill_work, self.work = self.work, IDLE
         decoded = bool(len(self.decoder) or self.quarantine)
         if decoded:
             self.work = DECODING
             self.decode_step()
         self.work = IDLE
-        self.pacer.observe(time.perf_counter() - started, chunk, decoded)
+        seconds = time.perf_counter() - started
+        self.pacer.observe(seconds, chunk, decoded)
+        if chunk or decoded:
+            self.step_times.observe(seconds, prefill_work, self._decoding_rows())
 
     def pause_rows(self, pause: Callable[[RequestHandle], bool] | None) -> None:
         """Take the decoding requests that ``pause`` picks out of the batch (background
@@ -279,19 +277,20 @@ class BatchLoop:
         """One step's prefill work, chosen by :func:`~mlxcore.engine.prefill_plan.plan_step`:
         short prompts whole (together when they can; with nothing decoding, batch after
         batch up to the step's budget, so a burst's streams start together), or the next
-        chunk of a long one, sized by the pacer while sequences decode (a batch of short
-        ones too: the pacer's budget bounds its padded tokens, so the running streams wait
-        about the same for a join as for a chunk). Returns the tokens planned while
-        sequences decode (the pacer's measurement), -1 for work with nothing decoding."""
+        chunk of a long one, sized by the pacer (:mod:`mlxcore.engine.prefill_pacer`): in
+        time beside decoding streams (a batch of short ones too: the pacer's budget bounds
+        its padded tokens, so the running streams wait about the same for a join as for
+        a chunk), to the step-time target with nothing decoding. Returns the tokens
+        planned (the pacer's measurement)."""
         self._drop_cancelled_prefills()
         decoding = len(self.decoder) > 0
-        budget = self.prefill_step_size
-        if decoding and self.decode_chunk:
-            budget = min(budget, self.decode_chunk)
-        paced = min(budget, self.pacer.budget()) if decoding else budget
+        budget = self.budget.cap if decoding else self.budget.idle_cap
+        paced = min(budget, self.pacer.budget() if decoding else self.pacer.idle_budget())
+
+        whole = budget if decoding else paced  # a chat prompt joins decoding streams whole
 
         def is_short(item: Any) -> bool:
-            return not item.prefill_begun and item.remaining <= budget + 1
+            return not item.prefill_begun and item.remaining <= whole + 1
 
         newcomer = self._newcomer_rows() if decoding else None
         spent = 0
@@ -303,13 +302,12 @@ class BatchLoop:
                 queue, is_short, paced, self.prefill_batch_size, self.shorts_in_a_row, newcomer
             )
             if plan is None or (spent and not plan.short):
-                return -1 if spent else 0
+                return spent
             group: list[AdmittedRequest] = plan.group  # type: ignore[assignment]
             if not plan.short:
                 self.shorts_in_a_row = 0
-                chunk = paced if decoding else None
-                planned = min(chunk or budget, group[0].remaining)
-                self.advance_prefill(group[0], chunk)
+                planned = min(paced, group[0].remaining)
+                self.advance_prefill(group[0], paced)
                 return planned
             spent += sum(live.remaining for live in group)
             self._prefill_short(group)
@@ -317,8 +315,8 @@ class BatchLoop:
                 if newcomer is not None and newcomer(group[0]):
                     release_held()  # its first token leaves now, not after the decode step
                 return spent
-            if spent >= budget or self._newcomer():
-                return -1
+            if spent >= paced or self._newcomer():
+                return spent
 
     def _newcomer(self) -> bool:
         """A key with nothing admitted here has a request waiting (it came during this
@@ -421,31 +419,7 @@ class BatchLoop:
         live.processed = len(live.request.prompt_tokens) - live.task.start
         self.counters["prompt_tokens_processed"] += live.processed
         try:
-            live.reusable = result.reusable
-            live.usage.extra.update(result.usage)
-            if result.position_offset and not self.decoder.supports_position_offset:
-                raise MlxcoreError(
-                    f"decoder {self.decoder.name!r} cannot continue a sequence with a "
-                    "position offset (a media request on an M-RoPE model)"
-                )
-            if live.request.sampling.prompt_logprobs is not None:
-                if result.prompt_logprobs is None:
-                    raise MlxcoreError(f"{self.prefill.name} prefill computes no prompt logprobs")
-                live.prompt_logprobs = result.prompt_logprobs
-            prompt = list(live.request.prompt_tokens)
-            first = sample_first(
-                live.sampler, live.processors, result.logits, prompt, live.request.sampling
-            )
-            seq = DecodeSequence(
-                uid=live.handle.uid,
-                request=live.request,
-                cache=live.task.cache,
-                tokens=[*prompt, first.token],
-                next_token=first.token,
-                sampler=live.sampler,
-                logits_processors=[guard(live, p) for p in live.processors],
-                position_offset=result.position_offset,
-            )
+            seq, first = first_sequence(live, result, self.decoder, self.prefill.name)
         except Exception as exc:
             self.fail(live, exc)
             return
@@ -589,8 +563,10 @@ class BatchLoop:
 
     def stall_report(self, seconds: float) -> StallReport:
         """What the step in progress is doing, named (the watchdog's thread reads it)."""
-        rows = [live for live in list(self.live.values()) if live.seq is not None]
-        return report(self.work, rows, seconds)
+        return report(self.work, self._decoding_rows(), seconds)
+
+    def _decoding_rows(self) -> list[AdmittedRequest]:
+        return [live for live in list(self.live.values()) if live.seq is not None]
 
     def send(self, handle: RequestHandle, event: Event) -> None:
         """Deliver ``event`` unless the loop was abandoned (then only :meth:`abandon`'s
