@@ -83,9 +83,9 @@ class ServerConfig:
         "split so running streams keep their pace); 0: the full --prefill-step-size",
     )  # fmt: skip
     prefill_time_share: float = setting(
-        3.0, group=ENGINE, type=time_share, metavar="SHARE",
+        1.0, group=ENGINE, type=time_share, metavar="SHARE",
         help="while sequences decode, a long prompt's prefill chunk is sized to add at most "
-        "SHARE decode steps' measured time (0 to 8; at least 8 tokens, at most "
+        "SHARE decode steps' measured time (0 to 8; at least 16 tokens, at most "
         "--prefill-decode-chunk), so running streams keep a steady inter-token latency; "
         "0: the token budget alone (always 0 with --distributed)",
     )  # fmt: skip

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import attrs
 
-MIN_CHUNK = 8
+MIN_CHUNK = 16
 """The fewest tokens a step prefills beside decoding streams. A chunk's cost is not
 proportional to its tokens: each pass also reads the weights and, deep in a long prompt,
 the whole KV cache, so tiny chunks pay that again and again (measured on the CPU with the
