@@ -107,7 +107,7 @@ def test_the_flags_give_the_budget_and_the_start_up_line_states_it() -> None:
     sized = StepBudget.of(2048, 256, 3.0, 1.0)
     assert (sized.idle_cap, sized.cap, sized.share, sized.target) == (2048, 256, 3.0, 1.0)
     assert sized.describe() == (
-        "3 decode steps' time (16-256 tokens) beside decoding streams, "
+        "3x a decode step's time (16-256 tokens) beside decoding streams, "
         "1 s (64-2048 tokens) with nothing decoding"
     )
     assert sized.pacer().budget() == FIRST_CHUNK

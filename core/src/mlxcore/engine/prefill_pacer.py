@@ -168,7 +168,7 @@ class StepBudget:
     def describe(self) -> str:
         """The start-up line's words for it."""
         if self.share:
-            beside = f"{self.share:g} decode steps' time ({self.floor()}-{self.cap} tokens)"
+            beside = f"{self.share:g}x a decode step's time ({self.floor()}-{self.cap} tokens)"
         else:
             beside = f"{self.cap} tokens"
         if self.target:
