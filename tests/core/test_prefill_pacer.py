@@ -120,3 +120,23 @@ def test_the_flags_give_the_budget_and_the_start_up_line_states_it() -> None:
     assert pacer.idle_budget() == 512 and pacer.budget() == 512
     ranks = StepBudget.of(2048, 0, 3.0, 1.0, fixed=True)  # distributed: identical plans
     assert (ranks.idle_cap, ranks.cap, ranks.share, ranks.target) == (2048, 2048, 0.0, 0.0)
+
+
+def test_a_step_over_twice_the_target_is_counted_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from mlxcore.engine.stall import DECODING, IDLE
+    from mlxcore.engine.step_times import StepTimes
+
+    times = StepTimes(target=1.0)
+    times.observe(1.9, IDLE, rows=3)  # within twice the target
+    assert times.over == 0 and times.longest == 1.9
+    with caplog.at_level("WARNING", logger="mlxcore.engine.step_times"):
+        times.observe(2.5, DECODING, rows=3)
+    assert times.over == 1 and times.steps == 2
+    assert "2.50 s (target 1.00 s): decode beside 3 decoding rows" in caplog.text
+    assert times.figures() == {
+        "engine_step_seconds_max": 2.5,
+        "engine_steps_over_target": 1.0,
+        "step_time_target_seconds": 1.0,
+    }

@@ -164,7 +164,7 @@ class BatchLoop:
         seconds = time.perf_counter() - started
         self.pacer.observe(seconds, chunk, decoded)
         if chunk or decoded:
-            self.step_times.observe(seconds, prefill_work, self._decoding_rows())
+            self.step_times.observe(seconds, prefill_work, len(self.decoder))
 
     def pause_rows(self, pause: Callable[[RequestHandle], bool] | None) -> None:
         """Take the decoding requests that ``pause`` picks out of the batch (background

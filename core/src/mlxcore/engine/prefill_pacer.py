@@ -106,7 +106,7 @@ class PrefillPacer:
     @property
     def floor(self) -> int:
         """The smallest chunk beside decoding (:data:`MIN_CHUNK`, at most the cap)."""
-        return max(1, min(MIN_CHUNK, self.cap))
+        return smallest_chunk(self.cap)
 
     def observe(self, seconds: float, prefilled: int, decoded: bool) -> None:
         """Record one engine step: its duration, the paced prompt tokens it prefilled
@@ -122,6 +122,11 @@ class PrefillPacer:
         elif self.decode_period is not None:
             extra = max(seconds - self.decode_period, 0.0) / prefilled
             self.token_cost = _average(self.token_cost, extra)
+
+
+def smallest_chunk(cap: int) -> int:
+    """The smallest chunk beside decoding streams under ``cap``: :data:`MIN_CHUNK`."""
+    return max(1, min(MIN_CHUNK, cap))
 
 
 def _average(old: float | None, new: float) -> float:
@@ -180,7 +185,7 @@ class StepBudget:
 
     def floor(self) -> int:
         """The smallest chunk beside decoding streams."""
-        return max(1, min(MIN_CHUNK, self.cap))
+        return smallest_chunk(self.cap)
 
     def pacer(self) -> PrefillPacer:
         """A fresh pacer for these settings (one per batch loop)."""

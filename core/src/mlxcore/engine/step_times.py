@@ -14,15 +14,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 import attrs
 
 from mlxcore.engine.stall import StepWork, describe
-
-if TYPE_CHECKING:
-    from mlxcore.engine.admitted import AdmittedRequest
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +44,9 @@ class StepTimes:
     steps: int = 0
     _warned: float = -WARN_INTERVAL
 
-    def observe(self, seconds: float, work: StepWork, decoding: Iterable[AdmittedRequest]) -> None:
-        """Record one step of ``seconds`` whose prefill part was ``work`` (``decoding``:
-        the rows it decoded)."""
+    def observe(self, seconds: float, work: StepWork, rows: int) -> None:
+        """Record one step of ``seconds`` whose prefill part was ``work`` beside ``rows``
+        decoding rows (every step: plain numbers, nothing built)."""
         self.steps += 1
         self.longest = max(self.longest, seconds)
         if seconds <= OVER_FACTOR * self.target:
@@ -62,7 +57,6 @@ class StepTimes:
             return
         self._warned = now
         named = [describe(live) for live in work.requests[:4]]
-        rows = sum(1 for _ in decoding)
         log.warning(
             "an engine step took %.2f s (target %.2f s): %s%s beside %d decoding rows",
             seconds,
